@@ -1,0 +1,113 @@
+"""Lifetimes: the one parser of durations and expiry arguments."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional, Union
+
+Duration = Union[int, float, timedelta, str]
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Duration, *, what: str = "duration") -> float:
+    """Seconds in ``value``: a number of seconds, a ``timedelta`` or a string like ``"1h30m"``.
+
+    Raises:
+        TypeError: for a bool or a value of another type.
+        ValueError: for a malformed string or a lifetime that is not positive.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not a bool")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        seconds = _parse_text(value, what)
+    else:
+        raise TypeError(
+            f"{what} must be seconds, a timedelta or a string like '30s', not {type(value).__name__}"
+        )
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a positive, finite duration, got {value!r}")
+    return seconds
+
+
+def _parse_text(text: str, what: str) -> float:
+    compact = text.strip().replace(" ", "")
+    if compact and _is_number(compact):
+        return float(compact)
+    pos, total = 0, 0.0
+    for match in _PART.finditer(compact):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if not compact or pos != len(compact):
+        raise ValueError(
+            f"{what} {text!r} is not a duration; write e.g. '30s', '5m', '1h30m', '250ms'"
+        )
+    return total
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def wire_seconds(seconds: float) -> int:
+    """Whole seconds for the wire, rounded UP so the engine never expires a lease early."""
+    return max(1, math.ceil(seconds - 1e-9))
+
+
+def lifetime(
+    ttl: Optional[Duration], ttl_seconds: Optional[int], *, what: str = "ttl"
+) -> float:
+    """Seconds of exactly one of ``ttl``/``ttl_seconds``; there is no default lifetime."""
+    if (ttl is None) == (ttl_seconds is None):
+        raise TypeError(f"give exactly one of {what}= or {what}_seconds= (there is no default)")
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
+            raise TypeError(f"{what}_seconds must be an int, got {type(ttl_seconds).__name__}")
+        if ttl_seconds <= 0:
+            raise ValueError(f"{what}_seconds must be > 0, got {ttl_seconds}")
+        return float(ttl_seconds)
+    assert ttl is not None
+    return parse_duration(ttl, what=what)
+
+
+def expiry_fields(
+    *,
+    ttl: Optional[Duration] = None,
+    ttl_seconds: Optional[int] = None,
+    until: Optional[datetime] = None,
+    forever: bool = False,
+) -> dict[str, Any]:
+    """The wire's expiry for a KV write: ``{"ttlSeconds": n}`` or ``{"forever": True}``.
+
+    Exactly one of ``ttl``, ``ttl_seconds``, ``until`` or ``forever=True``.
+    """
+    if not isinstance(forever, bool):
+        raise TypeError("forever must be True or False")
+    given = sum(x is not None for x in (ttl, ttl_seconds, until)) + int(forever)
+    if given != 1:
+        raise TypeError("give exactly one expiry: ttl=, ttl_seconds=, until= or forever=True")
+    if forever:
+        return {"forever": True}
+    if until is not None:
+        if not isinstance(until, datetime):
+            raise TypeError(f"until must be a datetime, got {type(until).__name__}")
+        if until.tzinfo is None:
+            raise ValueError("until must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        seconds = (until - datetime.now(timezone.utc)).total_seconds()
+        if seconds <= 0:
+            raise ValueError(f"until must be in the future, got {until.isoformat()}")
+        return {"ttlSeconds": wire_seconds(seconds)}
+    return {"ttlSeconds": wire_seconds(lifetime(ttl, ttl_seconds))}

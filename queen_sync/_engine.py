@@ -1,0 +1,125 @@
+"""What every engine offers, and the choice of engine by URL."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Mapping, Optional, Protocol
+
+from ._errors import RequestError, UnsupportedOperationError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so recipes and users can refuse one that lacks what they need.
+
+    Attributes:
+        fencing: tokens rise across release, expiry and restart; guarded writes are atomic.
+        engine_clock_expiry: expiry is judged by one clock (the engine's), not each client's.
+        queue_operations: transactions may push to and ack queues (the Queen broker only).
+        wake_on_release: a waiter is woken when a permit is released, instead of polling.
+        multi_host: clients on several machines can share it.
+        user_table_fencing: a lease can fence writes to the user's own tables (``lock.fence``).
+    """
+
+    fencing: bool = True
+    engine_clock_expiry: bool = True
+    queue_operations: bool = False
+    wake_on_release: bool = False
+    multi_host: bool = False
+    user_table_fencing: bool = False
+
+    def require(self, *names: str, engine: str = "this engine") -> None:
+        """Raise ``UnsupportedOperationError`` naming the first capability missing."""
+        known = {f.name for f in fields(self)}
+        for name in names:
+            if name not in known:
+                raise ValueError(f"unknown capability {name!r}; known: {sorted(known)}")
+            if not getattr(self, name):
+                raise UnsupportedOperationError(f"{engine} lacks {name}", capability=name)
+
+
+class Waiter(Protocol):
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when woken by a release."""
+
+
+class _Sleeper:
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
+        return False
+
+
+class Engine:
+    """An engine answers the wire's bodies: ``call("locks"|"kv"|"transaction", body)``."""
+
+    kind: str = "engine"
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    def url(self) -> str:
+        """Where it is, without credentials (safe to print and log)."""
+        raise NotImplementedError  # pragma: no cover - every engine defines it
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError  # pragma: no cover - every engine defines it
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        """A waiter woken when a permit of ``name`` is freed; plain sleeping by default."""
+        yield _Sleeper()
+
+    def after_fork(self) -> None:
+        """Drop what the parent process owns (connections, sockets) in a forked child."""
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+def engine_from_url(url: str, options: Mapping[str, Any]) -> Engine:
+    """The engine for a URL: ``sqlite://``, ``http(s)://`` or ``postgresql://``."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite":
+        from ._sqlite import SqliteEngine
+
+        return SqliteEngine.from_url(url, **_only(options, SqliteEngine.OPTIONS))
+    if scheme in ("http", "https"):
+        from ._http import HttpEngine  # type: ignore[import-not-found,unused-ignore]
+
+        engine: Engine = HttpEngine.from_url(url, **options)
+        return engine
+    if scheme in ("postgresql", "postgres"):
+        from ._postgres import PostgresEngine  # type: ignore[import-not-found,unused-ignore]
+
+        engine = PostgresEngine.from_url(url, **_only(options, PostgresEngine.OPTIONS))
+        return engine
+    raise RequestError(
+        f"unknown engine URL scheme {scheme!r}: use sqlite:///path, http(s)://host:port "
+        "or postgresql://user@host/db",
+        code="bad_url",
+    )
+
+
+def _only(options: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
+    extra = {k for k, v in options.items() if v is not None} - allowed
+    if extra:
+        raise TypeError(f"options {sorted(extra)} do not apply to this engine")
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def redact_url(url: str, password: Optional[str] = None) -> str:
+    """``url`` with any password replaced, for logs and reprs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None and password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))

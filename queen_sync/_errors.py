@@ -1,0 +1,164 @@
+"""The exceptions queen_sync raises, one tree.
+
+```
+QueenError
+├── LockError                      (name)
+│   ├── LockNotHeldError           (holders) could not take it, or a guard/with without it
+│   │   └── LockBusyError          (holders) somebody else holds it (singleton jobs, CLI)
+│   └── LockLostError              (reason)  it was held and is gone
+├── FencedOutError                 (presented, current) a sink refused a superseded token
+├── RequestError, ValueError       (code)    the engine refused the request as malformed
+├── UnsupportedOperationError      (capability) this engine cannot do that
+└── EngineError                    could not get an answer
+    ├── EngineUnavailableError     could not reach the engine
+    ├── QueenHttpError             (status, code, reason, detail, retry_after)
+    └── ProtocolError              (route) the answer is not what the route promises
+```
+
+Verdicts ("held by somebody else", "lost", "precondition failed") are never
+exceptions: they come back as results. These are for failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+__all__ = [
+    "EngineError",
+    "EngineUnavailableError",
+    "FencedOutError",
+    "LockBusyError",
+    "LockError",
+    "LockLostError",
+    "LockNotHeldError",
+    "ProtocolError",
+    "QueenError",
+    "QueenHttpError",
+    "RequestError",
+    "UnsupportedOperationError",
+]
+
+
+class QueenError(Exception):
+    """Base of every queen_sync error."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self._fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), str(self), self._fields))
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self._fields.items())
+        return f"{type(self).__name__}({str(self)!r}{extra})"
+
+
+def _rebuild(cls: type[QueenError], message: str, fields: dict[str, Any]) -> QueenError:
+    err = cls.__new__(cls)
+    QueenError.__init__(err, message, **fields)
+    return err
+
+
+class LockError(QueenError):
+    """Something about one lock name."""
+
+    name: str
+
+
+class LockNotHeldError(LockError):
+    """The lock is not held by this handle: it could not be taken, or a guard needs it."""
+
+    holders: Sequence[Any]
+
+    def __init__(self, message: str, *, name: str, holders: Sequence[Any] = ()) -> None:
+        super().__init__(message, name=name, holders=tuple(holders))
+
+
+class LockBusyError(LockNotHeldError):
+    """Somebody else holds the lock (a singleton job or command told to raise when busy)."""
+
+
+class LockLostError(LockError):
+    """The lock was held by this handle and is gone (``reason``: renew, guard, expired)."""
+
+    reason: Optional[str]
+    token: Optional[int]
+
+    def __init__(
+        self, message: str, *, name: str, reason: Optional[str] = None, token: Optional[int] = None
+    ) -> None:
+        super().__init__(message, name=name, reason=reason, token=token)
+
+
+class FencedOutError(QueenError):
+    """A write presented a token older than one the sink already accepted."""
+
+    presented: Optional[int]
+    current: Optional[int]
+
+    def __init__(
+        self, message: str, *, presented: Optional[int], current: Optional[int], **fields: Any
+    ) -> None:
+        super().__init__(message, presented=presented, current=current, **fields)
+
+
+class RequestError(QueenError, ValueError):
+    """The request is malformed (``code`` says how, e.g. ``kv_bad_request``)."""
+
+    code: str
+
+    def __init__(self, message: str, *, code: str, **fields: Any) -> None:
+        super().__init__(message, code=code, **fields)
+
+
+class UnsupportedOperationError(QueenError):
+    """The engine does not offer this operation (``capability`` names what is missing)."""
+
+    capability: str
+
+    def __init__(self, message: str, *, capability: str) -> None:
+        super().__init__(message, capability=capability)
+
+
+class EngineError(QueenError):
+    """No usable answer came back from the engine."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine could not be reached (connection refused, timeout, database locked too long)."""
+
+
+class QueenHttpError(EngineError):
+    """The broker (or a proxy in front of it) answered with an HTTP error status."""
+
+    status: int
+    code: Optional[str]
+    reason: Optional[str]
+    detail: Optional[str]
+    retry_after: Optional[float]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: Optional[str] = None,
+        reason: Optional[str] = None,
+        detail: Optional[str] = None,
+        retry_after: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            message, status=status, code=code, reason=reason, detail=detail, retry_after=retry_after
+        )
+
+
+class ProtocolError(EngineError):
+    """The answer is not the JSON the route promises."""
+
+    route: str
+
+    def __init__(self, message: str, *, route: str) -> None:
+        super().__init__(message, route=route)

@@ -1,0 +1,353 @@
+"""Op builders: the one place a lock or KV operation is shaped and validated.
+
+Every op that reaches an engine passes through ``check_lock_op``/``check_kv_op``,
+whether a builder made it or a caller handed a raw dict to ``batch``. The
+embedded engines run the same checks on what they receive, so a malformed op
+is refused with the same error on every engine, before anything is written.
+
+Names and keys:
+- lock name: 1..256 UTF-8 bytes, no control characters, no ``#``;
+- owner: 1..256 UTF-8 bytes, no control characters;
+- namespace: 1..128 characters of ``A-Z a-z 0-9 . _ : -``, starting with a letter or digit;
+- key: 1..1024 UTF-8 bytes, no control characters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping, Optional, Sequence
+
+from ._errors import RequestError
+
+LOCKS_NS = "queen-locks"
+MAX_LIMIT = 1024
+MAX_KEYS = 1000
+MAX_PREFIX_LIMIT = 1000
+DEFAULT_PREFIX_LIMIT = 100
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+LOCK_OPS = frozenset({"acquire", "renew", "release", "get"})
+KV_READ_OPS = frozenset({"get", "getMany", "getPrefix"})
+KV_WRITE_OPS = frozenset({"put", "putIfAbsent", "delete", "incr", "check"})
+
+
+def _lock_error(message: str) -> RequestError:
+    return RequestError(message, code="lock_bad_request")
+
+
+def _kv_error(message: str) -> RequestError:
+    return RequestError(message, code="kv_bad_request")
+
+
+def _text(value: Any, what: str, *, max_bytes: int, error: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if not value:
+        raise error(f"{what} must not be empty")
+    if len(value.encode("utf-8")) > max_bytes:
+        raise error(f"{what} is longer than {max_bytes} UTF-8 bytes")
+    if _CONTROL.search(value):
+        raise error(f"{what} {value!r} contains a control character")
+    return value
+
+
+def check_name(name: Any) -> str:
+    _text(name, "lock name", max_bytes=256, error=_lock_error)
+    if "#" in name:
+        raise _lock_error(f"lock name {name!r} contains '#', which separates name and slot")
+    return str(name)
+
+
+def check_owner(owner: Any) -> str:
+    return _text(owner, "owner", max_bytes=256, error=_lock_error)
+
+
+def check_int(value: Any, what: str, *, low: int, high: Optional[int] = None) -> int:
+    """An int in ``low..high``; ``bool`` is never accepted as an int."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ValueError(f"{what} must be {bound}, got {value}")
+    return value
+
+
+def check_ns(ns: Any) -> str:
+    if not isinstance(ns, str):
+        raise TypeError(f"namespace must be a str, got {type(ns).__name__}")
+    if not _NS.fullmatch(ns):
+        raise _kv_error(
+            f"namespace {ns!r} must be 1..128 characters of A-Z a-z 0-9 . _ : - "
+            "starting with a letter or digit"
+        )
+    return ns
+
+
+def check_key(key: Any) -> str:
+    return _text(key, "key", max_bytes=1024, error=_kv_error)
+
+
+def check_value(value: Any) -> Any:
+    """A JSON value; refused at the call if it cannot travel as JSON."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"value must be JSON-serialisable: {exc}") from exc
+    return value
+
+
+def _ttl_field(op: Mapping[str, Any], *, required: bool) -> None:
+    if "ttlSeconds" in op:
+        check_int(op["ttlSeconds"], "ttlSeconds", low=1)
+    elif required:
+        raise _lock_error(f"{op.get('op')} needs ttlSeconds (a whole number > 0)")
+
+
+def _expiry(op: Mapping[str, Any]) -> None:
+    has_ttl = "ttlSeconds" in op
+    forever = op.get("forever")
+    if "forever" in op and forever is not True:
+        raise _kv_error("forever must be true when given")
+    if has_ttl == ("forever" in op):
+        raise _kv_error(f"{op['op']} needs exactly one expiry: ttlSeconds or forever")
+    if has_ttl:
+        check_int(op["ttlSeconds"], "ttlSeconds", low=1)
+
+
+def _expect(op: Mapping[str, Any], *, mandatory: bool = False) -> None:
+    if "expect" not in op:
+        if mandatory:
+            raise _kv_error(f"{op['op']} needs expect (a version; 0 means absent)")
+        return
+    if op["expect"] is None:
+        raise ValueError("expect=None is a caller bug: omit expect for an unconditional write")
+    low = 0 if op["op"] == "check" else 1
+    check_int(op["expect"], "expect", low=low)
+
+
+def _optional_bool(op: Mapping[str, Any], field: str) -> None:
+    if field in op and not isinstance(op[field], bool):
+        raise TypeError(f"{field} must be a bool, got {type(op[field]).__name__}")
+
+
+def _number(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+
+
+def check_lock_op(op: Any) -> Mapping[str, Any]:
+    """Validate one op of ``POST /api/v1/locks``; raises TypeError or RequestError."""
+    if not isinstance(op, Mapping):
+        raise TypeError(f"a lock op must be a dict, got {type(op).__name__}")
+    kind = op.get("op")
+    if kind not in LOCK_OPS:
+        raise _lock_error(f"unknown lock op {kind!r}; expected one of {sorted(LOCK_OPS)}")
+    check_name(op.get("name"))
+    if kind == "acquire":
+        _ttl_field(op, required=True)
+        if "owner" in op:
+            check_owner(op["owner"])
+        if "limit" in op:
+            check_int(op["limit"], "limit", low=1, high=MAX_LIMIT)
+    elif kind in ("renew", "release"):
+        check_int(op.get("token"), "token", low=1)
+        if "slot" in op:
+            check_int(op["slot"], "slot", low=0, high=MAX_LIMIT - 1)
+        if kind == "renew":
+            _ttl_field(op, required=True)
+            if "owner" in op:
+                check_owner(op["owner"])
+    return op
+
+
+def check_kv_op(op: Any, *, in_transaction: bool = False) -> Mapping[str, Any]:
+    """Validate one KV op; raises TypeError/ValueError or RequestError(kv_bad_request)."""
+    if not isinstance(op, Mapping):
+        raise TypeError(f"a KV op must be a dict, got {type(op).__name__}")
+    kind = op.get("op")
+    allowed = KV_WRITE_OPS if in_transaction else KV_READ_OPS | KV_WRITE_OPS
+    if kind not in allowed:
+        where = "inside a transaction" if in_transaction else "on /kv"
+        raise _kv_error(f"KV op {kind!r} is not allowed {where}; expected one of {sorted(allowed)}")
+    check_ns(op.get("ns"))
+    _optional_bool(op, "required")
+    if kind == "getMany":
+        _check_keys(op.get("keys"))
+        return op
+    if kind == "getPrefix":
+        _check_prefix_op(op)
+        return op
+    check_key(op.get("key"))
+    if kind in ("put", "putIfAbsent"):
+        if "value" not in op:
+            raise _kv_error(f"{kind} needs a value")
+        check_value(op["value"])
+        _expiry(op)
+    if kind in ("put", "delete", "check"):
+        _expect(op, mandatory=kind == "check")
+    if kind == "incr":
+        _number(op.get("delta"), "delta")
+        for bound in ("min", "max"):
+            if bound in op:
+                _number(op[bound], bound)
+        _expiry(op)
+    return op
+
+
+def _check_keys(keys: Any) -> None:
+    if not isinstance(keys, (list, tuple)):
+        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
+    if len(keys) > MAX_KEYS:
+        raise _kv_error(f"getMany takes at most {MAX_KEYS} keys, got {len(keys)}")
+    for key in keys:
+        check_key(key)
+
+
+def _check_prefix_op(op: Mapping[str, Any]) -> None:
+    prefix = op.get("prefix")
+    _text(prefix, "prefix", max_bytes=1024, error=_kv_error)
+    if "after" in op:
+        check_key(op["after"])
+    if "limit" in op:
+        check_int(op["limit"], "limit", low=1, high=MAX_PREFIX_LIMIT)
+    _optional_bool(op, "keysOnly")
+
+
+def permit_key(name: str, slot: int) -> str:
+    return f"{name}#{slot}"
+
+
+def guard_op(name: str, slot: int, token: int) -> dict[str, Any]:
+    """The KV check that passes only while the permit is at this token."""
+    return {"op": "check", "ns": LOCKS_NS, "key": permit_key(name, slot), "expect": token,
+            "required": True}
+
+
+class LockOps:
+    """Builders for ``POST /api/v1/locks`` ops (optional fields are omitted, never null)."""
+
+    @staticmethod
+    def acquire(
+        name: str, *, ttl_seconds: int, owner: Optional[str] = None, limit: Optional[int] = None
+    ) -> dict[str, Any]:
+        op: dict[str, Any] = {"op": "acquire", "name": name, "ttlSeconds": ttl_seconds}
+        if owner is not None:
+            op["owner"] = owner
+        if limit is not None:
+            op["limit"] = limit
+        return dict(check_lock_op(op))
+
+    @staticmethod
+    def renew(
+        name: str,
+        *,
+        token: int,
+        ttl_seconds: int,
+        slot: Optional[int] = None,
+        owner: Optional[str] = None,
+    ) -> dict[str, Any]:
+        op: dict[str, Any] = {"op": "renew", "name": name, "token": token, "ttlSeconds": ttl_seconds}
+        if slot is not None:
+            op["slot"] = slot
+        if owner is not None:
+            op["owner"] = owner
+        return dict(check_lock_op(op))
+
+    @staticmethod
+    def release(name: str, *, token: int, slot: Optional[int] = None) -> dict[str, Any]:
+        op: dict[str, Any] = {"op": "release", "name": name, "token": token}
+        if slot is not None:
+            op["slot"] = slot
+        return dict(check_lock_op(op))
+
+    @staticmethod
+    def get(name: str) -> dict[str, Any]:
+        return dict(check_lock_op({"op": "get", "name": name}))
+
+
+def _with_flags(op: dict[str, Any], *, expect: Any = ..., required: bool = False) -> dict[str, Any]:
+    if expect is not ...:
+        op["expect"] = expect
+    if required:
+        op["required"] = True
+    return op
+
+
+class KvOps:
+    """Builders for KV ops: ``q.kv.op.put(...)`` and friends.
+
+    ``expiry`` is the dict from ``expiry_fields`` (``ttlSeconds`` or ``forever``).
+    ``expect`` left out means unconditional; ``expect=None`` is refused.
+    """
+
+    @staticmethod
+    def get(ns: str, key: str) -> dict[str, Any]:
+        return dict(check_kv_op({"op": "get", "ns": ns, "key": key}))
+
+    @staticmethod
+    def get_many(ns: str, keys: Sequence[str]) -> dict[str, Any]:
+        return dict(check_kv_op({"op": "getMany", "ns": ns, "keys": list(keys)}))
+
+    @staticmethod
+    def get_prefix(
+        ns: str,
+        prefix: str,
+        *,
+        after: Optional[str] = None,
+        limit: Optional[int] = None,
+        keys_only: bool = False,
+    ) -> dict[str, Any]:
+        op: dict[str, Any] = {"op": "getPrefix", "ns": ns, "prefix": prefix}
+        if after is not None:
+            op["after"] = after
+        if limit is not None:
+            op["limit"] = limit
+        if keys_only:
+            op["keysOnly"] = True
+        return dict(check_kv_op(op))
+
+    @staticmethod
+    def put(
+        ns: str, key: str, value: Any, *, expiry: Mapping[str, Any], expect: Any = ...,
+        required: bool = False,
+    ) -> dict[str, Any]:
+        op = {"op": "put", "ns": ns, "key": key, "value": value, **expiry}
+        return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))
+
+    @staticmethod
+    def put_if_absent(
+        ns: str, key: str, value: Any, *, expiry: Mapping[str, Any], required: bool = False
+    ) -> dict[str, Any]:
+        op = {"op": "putIfAbsent", "ns": ns, "key": key, "value": value, **expiry}
+        return dict(check_kv_op(_with_flags(op, required=required)))
+
+    @staticmethod
+    def delete(ns: str, key: str, *, expect: Any = ..., required: bool = False) -> dict[str, Any]:
+        op = {"op": "delete", "ns": ns, "key": key}
+        return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))
+
+    @staticmethod
+    def incr(
+        ns: str,
+        key: str,
+        *,
+        expiry: Mapping[str, Any],
+        delta: float = 1,
+        min: Optional[float] = None,  # noqa: A002 - the wire's own field names
+        max: Optional[float] = None,  # noqa: A002 - the wire's own field names
+        required: bool = False,
+    ) -> dict[str, Any]:
+        op: dict[str, Any] = {"op": "incr", "ns": ns, "key": key, "delta": delta, **expiry}
+        if min is not None:
+            op["min"] = min
+        if max is not None:
+            op["max"] = max
+        return dict(check_kv_op(_with_flags(op, required=required)))
+
+    @staticmethod
+    def check(ns: str, key: str, *, expect: int, required: bool = False) -> dict[str, Any]:
+        op = {"op": "check", "ns": ns, "key": key}
+        return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))

@@ -1,0 +1,309 @@
+"""The embedded default: one SQLite file shared by many processes on one machine.
+
+WAL mode with a busy timeout, every call one ``BEGIN IMMEDIATE`` transaction, so
+writers queue on the file lock instead of racing. The store-wide version counter
+lives in its own row and only ever rises, so tokens outlive every release,
+expiry, deletion and reopening of the file. With ``synchronous=NORMAL`` (the
+default) a process crash loses nothing; an OS crash or power cut may lose the
+last commits, counter included: use ``?synchronous=full`` when a fence must
+survive that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ._engine import Capabilities, Engine, Waiter
+from ._errors import (
+    EngineError,
+    EngineUnavailableError,
+    RequestError,
+    UnsupportedOperationError,
+)
+from ._semantics import EmbeddedSemantics
+from ._storage import Row
+from ._wake import WakeChannel
+
+log = logging.getLogger("queen_sync")
+
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph",
+    "glusterfs", "fuse.glusterfs", "lustre", "gpfs", "fuse.sshfs", "fuse.s3fs", "davfs",
+    "fuse.rclone", "fuse.gcsfuse", "fuse.juicefs", "beegfs", "ocfs2", "gfs2",
+})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queen_kv (
+    ns TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    expires_at INTEGER,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    prev_version INTEGER,
+    PRIMARY KEY (ns, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS queen_kv_expiry ON queen_kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queen_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
+"""
+
+_COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
+_SWEEP_EVERY = 512
+
+
+def _row(record: Sequence[Any]) -> Row:
+    ns, key, value, version, expires_at, created_at, updated_at, prev = record
+    return Row(ns, key, json.loads(value), version, expires_at, created_at, updated_at, prev)
+
+
+class _SqliteTxn:
+    def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self._conn = conn
+        self._clock = clock
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def read(self, ns: str, key: str) -> Optional[Row]:
+        record = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key = ?", (ns, key)
+        ).fetchone()
+        return _row(record) if record else None
+
+    def read_prefix(
+        self, ns: str, prefix: str, *, after: Optional[str], limit: int, now_ms: int
+    ) -> Sequence[Row]:
+        records = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key >= ? AND key > ?"
+            " AND substr(key, 1, ?) = ? AND (expires_at IS NULL OR expires_at > ?)"
+            " ORDER BY key LIMIT ?",
+            (ns, prefix, after or "", len(prefix), prefix, now_ms, limit),
+        ).fetchall()
+        return [_row(r) for r in records]
+
+    def write(self, row: Row) -> None:
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO queen_kv ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.ns, row.key, json.dumps(row.value, separators=(",", ":")), row.version,
+             row.expires_at, row.created_at, row.updated_at, row.prev_version),
+        )
+
+    def delete(self, ns: str, key: str) -> None:
+        self._conn.execute("DELETE FROM queen_kv WHERE ns = ? AND key = ?", (ns, key))
+
+    def next_version(self) -> int:
+        self._conn.execute("UPDATE queen_meta SET value = value + 1 WHERE name = 'version'")
+        (value,) = self._conn.execute(
+            "SELECT value FROM queen_meta WHERE name = 'version'"
+        ).fetchone()
+        return int(value)
+
+    def sweep(self, now_ms: int) -> None:
+        self._conn.execute(
+            "DELETE FROM queen_kv WHERE (ns, key) IN (SELECT ns, key FROM queen_kv"
+            " WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 256)",
+            (now_ms,),
+        )
+
+
+class SqliteStorage:
+    """``Storage`` over one SQLite file; one connection per process, used under a lock."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout: float = 30.0,
+        synchronous: str = "normal",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
+        self._clock = clock
+        self._mutex = threading.Lock()
+        self._calls = 0
+        self._conn = self._connect()
+        self.wake = WakeChannel(os.path.realpath(path)) if WakeChannel.supported else None
+
+    def _connect(self) -> sqlite3.Connection:
+        with _translated(self.path):
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+            try:
+                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_SqliteTxn]:
+        with self._mutex, _translated(self.path):
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                txn = _SqliteTxn(conn, self._clock)
+                yield txn
+                self._calls += 1
+                if self._calls % _SWEEP_EVERY == 0:
+                    txn.sweep(txn.now_ms())
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def notify_released(self, names: Sequence[str]) -> None:
+        if self.wake is not None:
+            self.wake.notify(names)
+
+    def after_fork(self) -> None:
+        # Closing the parent's connection here could checkpoint or unlink the WAL under the
+        # parent's feet (the child does not inherit its file locks), so keep it unclosed.
+        _ABANDONED.append(self._conn)
+        self._mutex = threading.Lock()
+        self._conn = self._connect()
+
+    def close(self) -> None:
+        with self._mutex:
+            self._conn.close()
+        if self.wake is not None:
+            self.wake.close()
+
+
+_ABANDONED: list[sqlite3.Connection] = []
+
+
+@contextlib.contextmanager
+def _translated(path: str) -> Iterator[None]:
+    """SQLite's exceptions become queen_sync's at the engine boundary."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            raise EngineUnavailableError(f"SQLite database {path} stayed locked: {text}") from exc
+        raise EngineUnavailableError(f"SQLite database {path} is unusable: {text}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise EngineError(f"SQLite database {path} failed: {exc}") from exc
+
+
+def filesystem_type(path: str, mounts_file: str = "/proc/self/mounts") -> Optional[str]:
+    """The type of the filesystem holding ``path`` (Linux), or None when unknown."""
+    try:
+        with open(mounts_file, encoding="utf-8") as handle:
+            mounts = [line.split() for line in handle]
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for parts in mounts:
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, parts[2]
+    return fstype
+
+
+def refuse_network_filesystem(path: str, fstype: Optional[str]) -> None:
+    if fstype is not None and fstype.lower() in NETWORK_FILESYSTEMS:
+        raise UnsupportedOperationError(
+            f"{path} is on a network filesystem ({fstype}), where SQLite's file locking is "
+            "unreliable and two holders could both win. Put the file on a local disk, or use "
+            "a postgresql:// URL or a Queen broker (http://...) to coordinate many machines.",
+            capability="local_filesystem",
+        )
+
+
+def _prepare_file(path: str) -> None:
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    refuse_network_filesystem(path, filesystem_type(folder))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+
+
+def path_from_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///abs/path.db`` → ``/abs/path.db``; ``sqlite:rel.db`` → ``rel.db``."""
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise RequestError(
+            f"sqlite URL {url!r} names a host; write sqlite:///absolute/path.db", code="bad_url"
+        )
+    path = os.path.expanduser(unquote(parts.path))
+    if not path:
+        raise RequestError(f"sqlite URL {url!r} has no path", code="bad_url")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return path, query
+
+
+class SqliteEngine(Engine):
+    """The embedded engine: the wire's semantics on one local SQLite file."""
+
+    kind = "sqlite"
+    capabilities = Capabilities(wake_on_release=WakeChannel.supported)
+    OPTIONS = frozenset({"timeout", "clock", "busy_timeout", "synchronous"})
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout: float = 30.0,
+        synchronous: str = "normal",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if synchronous.lower() not in ("off", "normal", "full", "extra"):
+            raise ValueError(f"synchronous must be off, normal, full or extra, not {synchronous!r}")
+        self.path = os.path.abspath(path)
+        _prepare_file(self.path)
+        self.storage = SqliteStorage(self.path, busy_timeout=busy_timeout,
+                                     synchronous=synchronous, clock=clock)
+        self._semantics = EmbeddedSemantics(self.storage)
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: Any = None, **options: Any) -> SqliteEngine:
+        path, query = path_from_url(url)
+        if "synchronous" in query:
+            options.setdefault("synchronous", query["synchronous"])
+        if "busy_timeout" in query:
+            options.setdefault("busy_timeout", float(query["busy_timeout"]))
+        return cls(path, **options)
+
+    @property
+    def url(self) -> str:
+        return f"sqlite://{self.path}"
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._semantics.call(route, body)
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        wake = self.storage.wake
+        if wake is None:
+            with super().subscribe(name) as sleeper:
+                yield sleeper
+            return
+        with wake.subscribe(name) as waiter:
+            yield waiter
+
+    def after_fork(self) -> None:
+        self.storage.after_fork()
+
+    def close(self) -> None:
+        self.storage.close()
