@@ -29,9 +29,8 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     elif isinstance(value, str):
         seconds = _parse_text(value, what)
     else:
-        raise TypeError(
-            f"{what} must be seconds, a timedelta or a string like '30s', not {type(value).__name__}"
-        )
+        kind = type(value).__name__
+        raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not {kind}")
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a positive, finite duration, got {value!r}")
     return seconds

@@ -249,7 +249,8 @@ class LockOps:
         slot: Optional[int] = None,
         owner: Optional[str] = None,
     ) -> dict[str, Any]:
-        op: dict[str, Any] = {"op": "renew", "name": name, "token": token, "ttlSeconds": ttl_seconds}
+        op: dict[str, Any] = {"op": "renew", "name": name, "token": token,
+                              "ttlSeconds": ttl_seconds}
         if slot is not None:
             op["slot"] = slot
         if owner is not None:
@@ -336,8 +337,8 @@ class KvOps:
         *,
         expiry: Mapping[str, Any],
         delta: float = 1,
-        min: Optional[float] = None,  # noqa: A002 - the wire's own field names
-        max: Optional[float] = None,  # noqa: A002 - the wire's own field names
+        min: Optional[float] = None,
+        max: Optional[float] = None,
         required: bool = False,
     ) -> dict[str, Any]:
         op: dict[str, Any] = {"op": "incr", "ns": ns, "key": key, "delta": delta, **expiry}

@@ -88,7 +88,7 @@ class EmbeddedSemantics:
             return {"results": self._run(lambda step: _kv_results(step, ops))}
         if route == "transaction":
             kv_ops = _transaction_ops(body)
-            return self._run(lambda step: _transaction(step, kv_ops))
+            return dict(self._run(lambda step: _transaction(step, kv_ops)))
         raise RequestError(f"unknown route {route!r}", code="bad_request")
 
     def _run(self, work: Callable[[_Step], Any]) -> Any:

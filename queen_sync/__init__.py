@@ -1,0 +1,67 @@
+"""queen_sync: synchronous leases with fencing tokens.
+
+```python
+import queen_sync as qs
+
+with qs.Queen() as q:                        # an SQLite file in your state directory
+    with q.lock("daily-report", ttl="2m"):   # renewed in the background
+        ...
+```
+"""
+
+from __future__ import annotations
+
+from ._client import Locks, Queen, connect
+from ._durations import parse_duration
+from ._engine import Capabilities, Engine
+from ._errors import (
+    EngineError,
+    EngineUnavailableError,
+    FencedOutError,
+    LockBusyError,
+    LockError,
+    LockLostError,
+    LockNotHeldError,
+    ProtocolError,
+    QueenError,
+    QueenHttpError,
+    RequestError,
+    UnsupportedOperationError,
+)
+from ._kv import Kv
+from ._lock import Lock, current_lock
+from ._metrics import Metrics
+from ._results import Holder, Result, RunResult
+from ._transaction import Transaction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Capabilities",
+    "Engine",
+    "EngineError",
+    "EngineUnavailableError",
+    "FencedOutError",
+    "Holder",
+    "Kv",
+    "Lock",
+    "LockBusyError",
+    "LockError",
+    "LockLostError",
+    "LockNotHeldError",
+    "Locks",
+    "Metrics",
+    "ProtocolError",
+    "Queen",
+    "QueenError",
+    "QueenHttpError",
+    "RequestError",
+    "Result",
+    "RunResult",
+    "Transaction",
+    "UnsupportedOperationError",
+    "__version__",
+    "connect",
+    "current_lock",
+    "parse_duration",
+]

@@ -1,0 +1,298 @@
+"""``Queen``: the client facade over one engine, its handles and its renewer."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import weakref
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from ._clock import SYSTEM_CLOCK, Clock
+from ._durations import Duration, lifetime, wire_seconds
+from ._engine import Capabilities, Engine, engine_from_url
+from ._errors import ProtocolError, QueenError
+from ._kv import Kv
+from ._lock import Lock
+from ._metrics import Metrics
+from ._ops import LockOps, check_int
+from ._renewer import Renewer
+from ._results import Result
+from ._transaction import Transaction
+
+log = logging.getLogger("queen_sync")
+
+_CLIENTS: weakref.WeakSet[Queen] = weakref.WeakSet()
+_EXIT_BUDGET = 3.0
+
+
+def default_url() -> str:
+    """``QUEEN_URL``, else an SQLite file in the user's state directory."""
+    url = os.environ.get("QUEEN_URL")
+    if url:
+        return url
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                             "state")
+    return "sqlite://" + os.path.join(state, "queen_sync", "queen.db")
+
+
+class Locks:
+    """``q.locks``: the lock wire with no state kept; answers are truthy on the verdict."""
+
+    op = LockOps
+
+    def __init__(self, client: Queen) -> None:
+        self._client = client
+
+    def acquire(self, name: str, *, ttl_seconds: Optional[int] = None,
+                ttl: Optional[Duration] = None, owner: Optional[str] = None,
+                limit: Optional[int] = None) -> Result:
+        seconds = wire_seconds(lifetime(ttl, ttl_seconds))
+        return self._one(LockOps.acquire(name, ttl_seconds=seconds, owner=owner, limit=limit))
+
+    def renew(self, name: str, *, token: int, ttl_seconds: Optional[int] = None,
+              ttl: Optional[Duration] = None, slot: Optional[int] = None,
+              owner: Optional[str] = None) -> Result:
+        seconds = wire_seconds(lifetime(ttl, ttl_seconds))
+        return self._one(LockOps.renew(name, token=token, ttl_seconds=seconds, slot=slot,
+                                       owner=owner))
+
+    def release(self, name: str, *, token: int, slot: Optional[int] = None) -> Result:
+        return self._one(LockOps.release(name, token=token, slot=slot))
+
+    def get(self, name: str) -> Result:
+        return self._one(LockOps.get(name))
+
+    def batch(self, ops: Sequence[Mapping[str, Any]]) -> list[Result]:
+        return self._client._call_locks([dict(op) for op in ops])
+
+    def _one(self, op: dict[str, Any]) -> Result:
+        return self._client._call_locks([op])[0]
+
+
+class Queen:
+    """A client: one engine chosen by URL, the handles it makes, and one renewer thread.
+
+    Args:
+        url: ``sqlite:///path.db``, ``http(s)://host:6632`` (several: comma-separated or a
+            list), ``postgresql://user@host/db``. None: ``QUEEN_URL``, else an SQLite file
+            in the user's state directory.
+        bearer_token: for a Queen broker (else ``QUEEN_TOKEN``); never logged.
+        timeout: seconds per engine call (a number, or ``(connect, read)`` over HTTP).
+        engine: an engine object to use instead of a URL (tests).
+        clock: the monotonic clock handles and the renewer read (tests).
+        renew_thread: False to drive ``q.renewer.tick()`` by hand (tests).
+        **options: engine options (e.g. ``headers``, ``verify``, ``schema``).
+    """
+
+    def __init__(
+        self,
+        url: Union[str, Sequence[str], None] = None,
+        *,
+        bearer_token: Optional[str] = None,
+        timeout: Any = None,
+        engine: Optional[Engine] = None,
+        clock: Optional[Clock] = None,
+        renew_thread: bool = True,
+        **options: Any,
+    ) -> None:
+        if engine is None:
+            target = url if url is not None else default_url()
+            if not isinstance(target, str):
+                target = ",".join(target)
+            engine = engine_from_url(target, {"bearer_token": bearer_token, "timeout": timeout,
+                                              **options})
+        self._engine = engine
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._threaded = renew_thread
+        self._closed = False
+        self.metrics = Metrics()
+        self.renewer = Renewer(self)
+        self.locks = Locks(self)
+        self.kv = Kv(self)
+        self._dispatch_queue: queue.SimpleQueue[tuple[Callable[[str], Any], str]] = (
+            queue.SimpleQueue())
+        self._dispatcher: Optional[threading.Thread] = None
+        self._dispatch_mutex = threading.Lock()
+        _CLIENTS.add(self)
+
+    # ---- handles -----------------------------------------------------------------------
+
+    def lock(self, name: str, *, ttl: Optional[Duration] = None,
+             ttl_seconds: Optional[int] = None, owner: Optional[str] = None,
+             auto_renew: bool = True, renew_every: Optional[Duration] = None,
+             wait: Optional[Duration] = 0) -> Lock:
+        """A handle on lock ``name`` (nothing is sent until ``acquire``)."""
+        return self._handle(name, 1, ttl, ttl_seconds, owner, auto_renew, renew_every, wait)
+
+    def semaphore(self, name: str, limit: int, *, ttl: Optional[Duration] = None,
+                  ttl_seconds: Optional[int] = None, owner: Optional[str] = None,
+                  auto_renew: bool = True, renew_every: Optional[Duration] = None,
+                  wait: Optional[Duration] = 0) -> Lock:
+        """A handle on ONE of ``limit`` permits of ``name``."""
+        check_int(limit, "limit", low=1, high=1024)
+        return self._handle(name, limit, ttl, ttl_seconds, owner, auto_renew, renew_every, wait)
+
+    def _handle(self, name: str, limit: int, ttl: Optional[Duration], ttl_seconds: Optional[int],
+                owner: Optional[str], auto_renew: bool, renew_every: Optional[Duration],
+                wait: Optional[Duration]) -> Lock:
+        self._check_open()
+        return Lock(self, name, ttl=lifetime(ttl, ttl_seconds), limit=limit, owner=owner,
+                    auto_renew=auto_renew, renew_every=renew_every, wait=wait)
+
+    def transaction(self) -> Transaction:
+        """A bundle of KV writes that commit together; ``.guard(lock)`` fences it."""
+        return Transaction(self)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        """The engine's URL without credentials."""
+        return self._engine.url
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._engine.capabilities
+
+    def held(self) -> list[Lock]:
+        """The handles of this client that hold a lease now."""
+        return [lock for lock in self.renewer.held() if lock.held]
+
+    # ---- calls (the one place answers are checked against the route's promise) ----------
+
+    def _call(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
+        answer = self._engine.call(route, body)
+        if not isinstance(answer, dict):
+            raise ProtocolError(f"{route} answered {type(answer).__name__}, not an object",
+                                route=route)
+        return answer
+
+    def _call_ops(self, route: str, ops: list[dict[str, Any]]) -> list[Result]:
+        results = self._call(route, {"operations": ops}).get("results")
+        if not isinstance(results, list) or len(results) != len(ops):
+            got = len(results) if isinstance(results, list) else type(results).__name__
+            raise ProtocolError(f"{route} sent {len(ops)} op(s) and got results: {got}",
+                                route=route)
+        if not all(isinstance(r, dict) for r in results):
+            raise ProtocolError(f"{route} answered a result that is not an object", route=route)
+        return [Result(r) for r in results]
+
+    def _call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
+        return self._call_ops("locks", ops)
+
+    def _call_kv(self, ops: list[dict[str, Any]]) -> list[Result]:
+        return self._call_ops("kv", ops)
+
+    def _call_transaction(self, body: dict[str, Any]) -> Result:
+        answer = self._call("transaction", body)
+        if "success" not in answer:
+            raise ProtocolError("transaction answered without 'success'", route="transaction")
+        return Result(answer)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueenError(f"this Queen client ({self.url}) is closed")
+
+    # ---- loss handlers, off the renewer thread -------------------------------------------
+
+    def _dispatch(self, handler: Callable[[str], Any], reason: str) -> None:
+        self._dispatch_queue.put((handler, reason))
+        with self._dispatch_mutex:
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._run_handlers,
+                                                    name="queen_sync-on-lost", daemon=True)
+                self._dispatcher.start()
+
+    def _run_handlers(self) -> None:
+        while True:
+            try:
+                handler, reason = self._dispatch_queue.get(timeout=0.5)
+            except queue.Empty:
+                with self._dispatch_mutex:
+                    if self._dispatch_queue.empty():
+                        self._dispatcher = None
+                        return
+                continue
+            try:
+                handler(reason)
+            except Exception:
+                log.exception("an on_lost handler raised; other handlers and renewal go on")
+
+    # ---- process life ------------------------------------------------------------------
+
+    def close(self, timeout: float = _EXIT_BUDGET) -> None:
+        """Release every lease this client's handles hold (bounded time), then close the engine."""
+        if self._closed:
+            return
+        held = self.renewer.held()
+        self.renewer.stop()
+        if held:
+            _bounded(lambda: self._release_all(held), timeout)
+        self._closed = True
+        self._engine.close()
+        _CLIENTS.discard(self)
+
+    @staticmethod
+    def _release_all(held: list[Lock]) -> None:
+        for lock in held:
+            try:
+                lock.release()
+            except Exception:
+                log.warning("could not release lock %r at close; it expires by itself",
+                            lock.name, exc_info=True)
+
+    def _after_fork_in_child(self) -> None:
+        for lock in self.renewer.held():
+            lock._forget_after_fork()
+        self.renewer.after_fork()
+        self._dispatch_queue = queue.SimpleQueue()
+        self._dispatcher = None
+        self._dispatch_mutex = threading.Lock()
+        self.metrics = Metrics()
+        self._engine.after_fork()
+
+    def __enter__(self) -> Queen:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.renewer.held())} held"
+        return f"<Queen {self._engine.kind} {self.url} {state}>"
+
+
+def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Queen:
+    """Same as ``Queen(url, **options)``."""
+    return Queen(url, **options)
+
+
+def _bounded(work: Callable[[], None], timeout: float) -> None:
+    """Run ``work`` in a helper thread and wait at most ``timeout`` for it."""
+    worker = threading.Thread(target=work, name="queen_sync-close", daemon=True)
+    worker.start()
+    worker.join(timeout)
+
+
+def _close_all_at_exit() -> None:
+    for client in list(_CLIENTS):
+        try:
+            client.close(timeout=_EXIT_BUDGET / max(1, len(_CLIENTS)))
+        except Exception:
+            log.debug("closing a client at exit failed", exc_info=True)
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_CLIENTS):
+        client._after_fork_in_child()
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,370 @@
+"""``Lock``: one holder's hold on one permit, kept renewed in the background.
+
+``held`` is a belief with a deadline: the handle holds a token AND this machine's
+monotonic clock is before ``sent_at + ttl``, where ``sent_at`` is when the last
+successful acquire or renew was SENT. Counting from the send keeps the local
+deadline never later than the engine's. Past it, the work must be fenced out by
+the token, because the engine may already have handed the permit to someone else.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from typing_extensions import ParamSpec
+
+from ._clock import Clock
+from ._durations import Duration, parse_duration, wire_seconds
+from ._errors import LockLostError, LockNotHeldError, UnsupportedOperationError
+from ._ops import LockOps, check_int, check_name, check_owner, guard_op
+from ._results import Holder, RunResult, holders_from_wire
+from ._semantics import mint_owner
+
+if TYPE_CHECKING:
+    from ._client import Queen
+
+log = logging.getLogger("queen_sync")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
+    "queen_sync_current_lock", default=None
+)
+
+_MAX_BACKOFF = 1.0
+_LOSS_REASONS = ("renew", "guard", "expired")
+
+
+def current_lock() -> Optional[Lock]:
+    """The lock whose ``run`` or ``with`` block is running in this context, if any."""
+    return _current.get()
+
+
+def wait_seconds(wait: Optional[Duration]) -> float:
+    """Seconds to wait; ``0``/``None`` means one attempt."""
+    if wait is None or (not isinstance(wait, bool) and wait == 0):
+        return 0.0
+    return parse_duration(wait, what="wait")
+
+
+class Lock:
+    """A lease on one permit of ``name`` (a semaphore handle has ``limit > 1``).
+
+    Creating it sends nothing. ``acquire`` takes a permit, a background renewer
+    keeps it alive at a third of its lifetime, ``release`` gives it back.
+    """
+
+    def __init__(
+        self,
+        client: Queen,
+        name: str,
+        *,
+        ttl: float,
+        limit: int = 1,
+        owner: Optional[str] = None,
+        auto_renew: bool = True,
+        renew_every: Optional[Duration] = None,
+        wait: Optional[Duration] = 0,
+    ) -> None:
+        self.name = check_name(name)
+        self.limit = check_int(limit, "limit", low=1, high=1024)
+        self.owner = check_owner(owner) if owner is not None else mint_owner()
+        if not isinstance(auto_renew, bool):
+            raise TypeError("auto_renew must be True or False")
+        self.ttl = ttl
+        self.auto_renew = auto_renew
+        self.renew_every = (parse_duration(renew_every, what="renew_every")
+                            if renew_every is not None else ttl / 3)
+        if self.renew_every >= ttl:
+            raise ValueError(f"renew_every ({self.renew_every}s) must be shorter than ttl ({ttl}s)")
+        self._default_wait = wait_seconds(wait)
+        self._client = client
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._io = threading.Lock()  # one engine call at a time: release waits for a renew
+        self._state = threading.Lock()  # makes "mark lost" happen once
+        self._token: Optional[int] = None
+        self._slot: Optional[int] = None
+        self._sent_at = 0.0
+        self._next_renew = float("inf")
+        self._last_token: Optional[int] = None
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._handlers: list[Callable[[str], Any]] = getattr(self, "_handlers", [])
+        self._holders: tuple[Holder, ...] = ()
+        self._contexts: list[contextvars.Token[Optional[Lock]]] = []
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token while held (it changes at every renew: read it at use time)."""
+        return self._token if self.held else None
+
+    @property
+    def slot(self) -> Optional[int]:
+        return self._slot if self._token is not None else None
+
+    @property
+    def held(self) -> bool:
+        """True while this handle has a token and its local deadline has not passed."""
+        return self._token is not None and self._clock().monotonic() < self._deadline
+
+    @property
+    def remaining(self) -> float:
+        """Seconds before the local deadline (a lower bound on the engine's), 0 when not held."""
+        if self._token is None:
+            return 0.0
+        return max(0.0, self._deadline - self._clock().monotonic())
+
+    @property
+    def holders(self) -> tuple[Holder, ...]:
+        """The holders reported by the last acquire that found the lock busy."""
+        return self._holders
+
+    @property
+    def _deadline(self) -> float:
+        return float(self._sent_at + self.ttl)
+
+    def _clock(self) -> Clock:
+        return self._client._clock
+
+    # ---- acquire -----------------------------------------------------------------------
+
+    def acquire(self, wait: Optional[Duration] = None) -> bool:
+        """Take a permit; with ``wait``, retry (woken on release where the engine can) until then.
+
+        Returns:
+            True when this handle holds a permit, False when the wait ran out.
+        """
+        budget = self._default_wait if wait is None else wait_seconds(wait)
+        if self.held:
+            return True
+        started = time.monotonic()
+        if budget <= 0:
+            return self._attempt(started) or self._busy()
+        deadline = started + budget
+        backoff = 0.01
+        with self._client._engine.subscribe(self.name) as waiter:
+            while True:
+                if self._attempt(started):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._busy()
+                waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _until_expiry(self) -> float:
+        """Seconds until the first current holder's lease runs out (wake then, not later)."""
+        ends = [h.expires_at for h in self._holders if h.expires_at is not None]
+        if not ends:
+            return _MAX_BACKOFF
+        return max(0.001, min(ends) / 1000 - time.time() + 0.002)
+
+    def _attempt(self, started: float) -> bool:
+        op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(self.ttl), owner=self.owner,
+                             limit=self.limit if self.limit > 1 else None)
+        for _ in range(3):
+            with self._io:
+                sent_at = self._clock().monotonic()
+                try:
+                    answer = self._client._call_locks([op])[0]
+                except BaseException as exc:
+                    if not isinstance(exc, Exception):
+                        self._abandon()  # interrupted mid-call: the engine may have granted it
+                    raise
+                if answer.get("acquired"):
+                    self._took(answer, sent_at, started)
+                    return True
+            self._holders = holders_from_wire(answer.get("holders"))
+            if answer.get("reason") != "contended":
+                break
+        return False
+
+    def _busy(self) -> bool:
+        self._client.metrics.count("busy")
+        return False
+
+    def _took(self, answer: dict[str, Any], sent_at: float, started: float) -> None:
+        self._token, self._slot = int(answer["token"]), int(answer["slot"])
+        self._last_token = self._token
+        self._sent_at = sent_at
+        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self.lost = threading.Event()
+        self.lost_reason = None
+        self._holders = ()
+        metrics = self._client.metrics
+        metrics.count("acquired")
+        metrics.held(1)
+        metrics.observe("acquire_wait_seconds", time.monotonic() - started)
+        self._client.renewer.register(self)
+
+    def _abandon(self) -> None:
+        """Give back whatever the engine granted this owner while the caller was interrupted."""
+        try:
+            answer = self._client._call_locks([LockOps.get(self.name)])[0]
+            mine = [h for h in holders_from_wire(answer.get("holders")) if h.owner == self.owner]
+            if mine:
+                self._client._call_locks(
+                    [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
+        except Exception:
+            log.warning("could not give back lock %r after an interrupt; it expires by itself",
+                        self.name, exc_info=True)
+
+    # ---- renew -------------------------------------------------------------------------
+
+    def renew(self) -> bool:
+        """Renew now (a new token); False when the lease is gone (then ``lost`` is set)."""
+        with self._io:
+            op = self._renew_op()
+            if op is None:
+                return False
+            sent_at = self._clock().monotonic()
+            answer = self._client._call_locks([op])[0]
+            return self._renewed(answer, sent_at)
+
+    def _renew_op(self) -> Optional[dict[str, Any]]:
+        if self._token is None:
+            return None
+        return LockOps.renew(self.name, token=self._token, ttl_seconds=wire_seconds(self.ttl),
+                             slot=self._slot, owner=self.owner)
+
+    def _renewed(self, answer: dict[str, Any], sent_at: float) -> bool:
+        """Apply a renew answer (the caller holds ``_io``)."""
+        if self._token is None:
+            return False
+        metrics = self._client.metrics
+        if answer.get("renewed"):
+            metrics.margin(self._deadline - sent_at)
+            metrics.count("renewed")
+            self._token, self._slot = int(answer["token"]), int(answer["slot"])
+            self._last_token = self._token
+            self._sent_at = sent_at
+            self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+            return True
+        self._lose("renew")
+        return False
+
+    def _renew_failed(self, now: float) -> None:
+        """A renew call got no answer: try again sooner, until the local deadline."""
+        self._next_renew = now + min(self.renew_every, max(0.05, (self._deadline - now) / 4))
+
+    # ---- release and loss --------------------------------------------------------------
+
+    def release(self) -> bool:
+        """Give the permit back (after any renew in flight); False when it was not held."""
+        self._client.renewer.unregister(self)
+        with self._io:
+            token, slot = self._token, self._slot
+            if token is None:
+                return False
+            self._token = None
+            self._client.metrics.held(-1)
+            answer = self._client._call_locks([LockOps.release(self.name, token=token,
+                                                               slot=slot)])[0]
+        self._client.metrics.count("released")
+        return bool(answer.get("released"))
+
+    def _lose(self, reason: str) -> None:
+        """Mark the lease lost once, and run the ``on_lost`` handlers off this thread."""
+        with self._state:
+            if self._token is None:
+                return
+            self._token = None
+        self._client.renewer.unregister(self)
+        self.lost_reason = reason
+        self.lost.set()
+        self._client.metrics.held(-1)
+        self._client.metrics.count(f"lost_{reason}")
+        log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
+        for handler in list(self._handlers):
+            self._client._dispatch(handler, reason)
+
+    def on_lost(self, fn: Callable[[str], Any]) -> Lock:
+        """Call ``fn(reason)`` (off the renewer thread) when the lease is lost; returns self."""
+        if not callable(fn):
+            raise TypeError("on_lost takes a callable fn(reason)")
+        self._handlers.append(fn)
+        if self.lost.is_set() and self.lost_reason is not None:
+            self._client._dispatch(fn, self.lost_reason)
+        return self
+
+    # ---- using it ----------------------------------------------------------------------
+
+    def guard(self) -> dict[str, Any]:
+        """The KV check that commits a transaction only while this permit is this token's."""
+        token, slot = self._token, self._slot
+        if token is None or slot is None or not self.held:
+            raise LockNotHeldError(f"lock {self.name!r} is not held by this handle", name=self.name)
+        return guard_op(self.name, slot, token)
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` unless held now: call it just before a side effect."""
+        if self.held:
+            return
+        reason = self.lost_reason or ("expired" if self._token is not None else None)
+        what = f"was lost ({reason})" if reason else "is not held"
+        raise LockLostError(f"lock {self.name!r} {what}", name=self.name, reason=reason,
+                            token=self._last_token)
+
+    def fence(self, conn: Any) -> None:
+        """Assert, inside ``conn``'s open transaction, that this permit is still this token's.
+
+        Only engines with the ``user_table_fencing`` capability (PostgreSQL) offer it.
+        """
+        engine = self._client._engine
+        if not engine.capabilities.user_table_fencing:
+            raise UnsupportedOperationError(
+                f"{engine.kind} cannot fence writes to your own tables; use "
+                "transaction().guard(lock) or lock.token", capability="user_table_fencing")
+        self.check()
+        assert self._slot is not None and self._token is not None
+        engine.fence(conn, name=self.name, slot=self._slot,  # type: ignore[attr-defined]
+                     token=self._token)
+
+    def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> RunResult[T]:
+        """Acquire (with the handle's ``wait``), call ``fn``, release whatever happens."""
+        if not self.acquire():
+            return RunResult(acquired=False, holders=self._holders)
+        context = _current.set(self)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            _current.reset(context)
+            self.release()
+        return RunResult(acquired=True, value=value)
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            busy = "; ".join(h.describe() for h in self._holders) or "no holder reported"
+            raise LockNotHeldError(f"could not acquire lock {self.name!r}: {busy}",
+                                   name=self.name, holders=self._holders)
+        self._contexts.append(_current.set(self))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._contexts:
+            _current.reset(self._contexts.pop())
+        self.release()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: hold nothing (the parent still does)."""
+        self._reset_state()
+
+    def __repr__(self) -> str:
+        if self.held:
+            state = (f"held token={self._token} slot={self._slot} "
+                     f"expires_in={self.remaining:.1f}s")
+        elif self.lost.is_set():
+            state = f"lost ({self.lost_reason})"
+        else:
+            state = "not held"
+        kind = f" limit={self.limit}" if self.limit > 1 else ""
+        return f"<Lock {self.name!r}{kind} {state} owner={self.owner!r}>"

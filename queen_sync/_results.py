@@ -1,0 +1,94 @@
+"""Wire answers as dicts whose truth value is the verdict, and the typed views above them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Generic, Mapping, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+
+_VERDICTS = ("acquired", "renewed", "released", "applied", "found", "success", "held")
+
+
+class Result(dict):  # type: ignore[type-arg]  # a plain JSON dict, keys are the wire's
+    """The wire's answer, unchanged; ``bool(result)`` is its verdict.
+
+    The verdict is the first of ``acquired``, ``renewed``, ``released``, ``applied``,
+    ``found``, ``success``, ``held`` present; an answer with none of them (a
+    ``getPrefix``/``getMany`` listing) is true when it holds any rows.
+    """
+
+    def __bool__(self) -> bool:
+        for key in _VERDICTS:
+            if key in self:
+                return bool(self[key])
+        return bool(self.get("rows"))
+
+    def __repr__(self) -> str:
+        return f"Result({dict.__repr__(self)})"
+
+
+def as_result(answer: Mapping[str, Any]) -> Result:
+    return Result(answer)
+
+
+def _expires_in(expires_at_ms: Optional[int]) -> str:
+    if expires_at_ms is None:
+        return "never"
+    return f"{max(0.0, expires_at_ms / 1000 - time.time()):.1f}s"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One live permit, as the engine reports it (times are epoch milliseconds)."""
+
+    slot: int
+    owner: Optional[str]
+    token: int
+    since: int
+    expires_at: Optional[int]
+    renewed_at: int
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> Holder:
+        return cls(
+            slot=int(raw["slot"]),
+            owner=raw.get("owner"),
+            token=int(raw["token"]),
+            since=int(raw["since"]),
+            expires_at=raw.get("expiresAt"),
+            renewed_at=int(raw.get("renewedAt", raw["since"])),
+        )
+
+    @property
+    def expires_in(self) -> Optional[float]:
+        """Seconds left by this machine's wall clock (an estimate: the engine's clock rules)."""
+        if self.expires_at is None:
+            return None
+        return self.expires_at / 1000 - time.time()
+
+    def describe(self) -> str:
+        return (f"slot {self.slot} held by {self.owner} (token {self.token}, "
+                f"expires in {_expires_in(self.expires_at)})")
+
+
+def holders_from_wire(raw: Optional[Sequence[Mapping[str, Any]]]) -> tuple[Holder, ...]:
+    return tuple(Holder.from_wire(h) for h in raw or ())
+
+
+@dataclass(frozen=True)
+class RunResult(Generic[T]):
+    """What ``Lock.run`` returns: whether the lock was taken, and the function's value."""
+
+    acquired: bool
+    value: Optional[T] = None
+    holders: tuple[Holder, ...] = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in ("acquired", "value", "holders"):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __bool__(self) -> bool:
+        return self.acquired
