@@ -1,0 +1,50 @@
+"""Fixtures shared by every test: engine URLs, clients, and a manual clock."""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import pytest
+from engine_factories import ENGINE_FACTORIES
+
+import queen_sync as qs
+
+
+@pytest.fixture(params=sorted(ENGINE_FACTORIES))
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """A URL to a fresh, empty store, once per engine."""
+    return ENGINE_FACTORIES[request.param](request)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    return "sqlite://" + str(tmp_path / "queen.db")
+
+
+@pytest.fixture
+def q(engine_url: str) -> Iterator[qs.Queen]:
+    client = qs.Queen(engine_url)
+    yield client
+    client.close()
+
+
+class ManualClock:
+    """A monotonic clock that moves only when a test says so."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        return event.wait(0.01)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
