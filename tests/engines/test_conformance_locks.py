@@ -1,0 +1,186 @@
+"""Lock semantics every engine keeps (DESIGN §2 invariants, §4 lock ops)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import queen_sync as qs
+
+
+def acquire(q: qs.Queen, name: str, owner: str, **kw: object) -> qs.Result:
+    return q.locks.acquire(name, ttl_seconds=kw.pop("ttl_seconds", 30), owner=owner, **kw)  # type: ignore[arg-type]
+
+
+class TestAcquire:
+    def test_a_free_lock_is_granted_on_slot_zero_with_a_guard_for_its_token(self, q: qs.Queen) -> None:
+        answer = acquire(q, "job", "alice")
+        assert answer, f"a free lock must be granted: {answer}"
+        assert answer["slot"] == 0 and answer["owner"] == "alice", answer
+        assert answer["guard"] == {"op": "check", "ns": "queen-locks", "key": "job#0",
+                                   "expect": answer["token"], "required": True}, answer
+        assert "already" not in answer, "a first grant is not a resend"
+
+    def test_a_held_lock_answers_held_with_the_holder_listed(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        second = acquire(q, "job", "bob")
+        assert not second and second["reason"] == "held", second
+        (holder,) = second["holders"]
+        assert holder["owner"] == "alice" and holder["token"] == first["token"], holder
+        assert holder["slot"] == 0 and holder["expiresAt"] > holder["since"] > 0, holder
+        assert holder["renewedAt"] >= holder["since"], holder
+
+    def test_an_acquire_resent_by_its_owner_answers_the_same_permit(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        again = acquire(q, "job", "alice")
+        assert again and again.get("already") is True, again
+        assert again["token"] == first["token"] and again["slot"] == first["slot"], again
+
+    def test_a_lock_without_an_owner_gets_one_minted(self, q: qs.Queen) -> None:
+        answer = q.locks.acquire("job", ttl_seconds=30)
+        assert answer and isinstance(answer["owner"], str) and answer["owner"], answer
+
+    def test_ops_in_one_batch_answer_independently_and_in_order(self, q: qs.Queen) -> None:
+        acquire(q, "busy", "alice")
+        op = q.locks.op
+        answers = q.locks.batch([op.acquire("busy", ttl_seconds=5, owner="bob"),
+                                 op.acquire("free", ttl_seconds=5, owner="bob"),
+                                 op.get("busy")])
+        assert [bool(a) for a in answers] == [False, True, True], answers
+
+
+class TestTokens:
+    def test_tokens_strictly_rise_across_release(self, q: qs.Queen) -> None:
+        tokens = []
+        for _ in range(3):
+            answer = acquire(q, "job", "alice")
+            tokens.append(answer["token"])
+            assert q.locks.release("job", token=answer["token"]), "release must succeed"
+        assert tokens == sorted(set(tokens)), f"tokens must strictly rise: {tokens}"
+
+    def test_tokens_are_unique_across_names_and_owners(self, q: qs.Queen) -> None:
+        tokens = [acquire(q, f"name-{i}", f"owner-{i}")["token"] for i in range(20)]
+        assert len(set(tokens)) == len(tokens), f"two holders shared a token: {tokens}"
+
+    def test_tokens_rise_after_the_permit_row_is_deleted_behind_its_back(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        assert q.kv.delete("queen-locks", "job#0"), "the permit row is a KV row"
+        second = acquire(q, "job", "bob")
+        assert second["token"] > first["token"], (first, second)
+
+    def test_tokens_rise_across_reopening_the_store(self, engine_url: str) -> None:
+        with qs.Queen(engine_url) as q1:
+            first = acquire(q1, "job", "alice")
+            q1.locks.release("job", token=first["token"])
+        with qs.Queen(engine_url) as q2:
+            second = acquire(q2, "job", "alice")
+        assert second["token"] > first["token"], (first, second)
+
+    def test_an_expired_lock_is_free_and_its_next_token_is_higher(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice", ttl_seconds=1)
+        time.sleep(1.15)
+        assert not q.locks.get("job"), "an expired permit is absent before any sweep"
+        second = acquire(q, "job", "bob")
+        assert second and second["token"] > first["token"], (first, second)
+        assert not q.locks.release("job", token=first["token"]), "the expired token frees nothing"
+
+
+class TestRenew:
+    def test_renewing_mints_a_new_token_and_the_old_one_stops_working(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, slot=0)
+        assert renewed and renewed["token"] > first["token"], renewed
+        assert renewed["guard"]["expect"] == renewed["token"], renewed
+        stale = q.transaction()
+        stale._ops.append(first["guard"])
+        assert not stale.commit(), "a guard on the old token must fail"
+        assert not q.locks.release("job", token=first["token"]), "the old token releases nothing"
+        assert q.locks.get("job")["holders"][0]["token"] == renewed["token"]
+
+    def test_a_renew_resent_with_the_previous_token_by_its_owner_renews(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        resent = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert resent, f"the owner's resend must renew: {resent}"
+        assert resent["token"] == renewed["token"], (renewed, resent)
+
+    def test_a_different_owner_with_the_previous_token_is_lost(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        other = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="mallory")
+        assert not other and other["reason"] == "lost", other
+        assert other["holders"][0]["owner"] == "alice", other
+
+    def test_a_stale_token_renews_and_releases_nothing(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        q.locks.release("job", token=first["token"])
+        second = acquire(q, "job", "bob")
+        renew = q.locks.renew("job", token=first["token"], ttl_seconds=30)
+        release = q.locks.release("job", token=first["token"])
+        assert not renew and renew["reason"] == "lost", renew
+        assert not release and release["reason"] == "lost", release
+        holders = q.locks.get("job")["holders"]
+        assert [h["token"] for h in holders] == [second["token"]], holders
+
+
+class TestRelease:
+    def test_release_frees_the_lock(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        assert q.locks.release("job", token=first["token"], slot=0)
+        got = q.locks.get("job")
+        assert not got and got["holders"] == [], got
+        assert acquire(q, "job", "bob"), "a released lock is free"
+
+    def test_a_released_lock_never_readmits_a_stalled_holders_guarded_write(
+        self, q: qs.Queen
+    ) -> None:
+        first = acquire(q, "job", "alice")
+        q.locks.release("job", token=first["token"])
+        for _ in range(2):  # once while free, once after a new holder took it
+            txn = q.transaction()
+            txn._ops[:0] = [first["guard"]]
+            txn.kv.put("out", "result", "stale", forever=True)
+            answer = txn.commit()
+            assert not answer and answer["reason"] == "kv_precondition", answer
+            assert answer["failedIndex"] == 0, answer
+            assert not q.kv.get("out", "result"), "nothing of the stale bundle may land"
+            acquire(q, "job", "bob")
+
+
+class TestSemaphore:
+    def test_a_semaphore_hands_out_the_lowest_free_slot(self, q: qs.Queen) -> None:
+        grants = [acquire(q, "pool", f"w{i}", limit=3) for i in range(3)]
+        assert [g["slot"] for g in grants] == [0, 1, 2], grants
+        full = acquire(q, "pool", "w3", limit=3)
+        assert not full and full["reason"] == "held" and len(full["holders"]) == 3, full
+        q.locks.release("pool", token=grants[1]["token"], slot=1)
+        again = acquire(q, "pool", "w3", limit=3)
+        assert again and again["slot"] == 1, again
+        slots = [h["slot"] for h in q.locks.get("pool")["holders"]]
+        assert slots == [0, 1, 2], f"holders are listed by slot: {slots}"
+
+    def test_the_permit_row_is_readable_through_kv(self, q: qs.Queen) -> None:
+        grant = acquire(q, "pool", "w0", limit=2)
+        row = q.kv.get("queen-locks", "pool#0")
+        assert row and row["version"] == grant["token"], row
+        assert row["value"] == {"owner": "w0"}, row
+
+
+class TestBadLockOps:
+    @pytest.mark.parametrize("name", ["", "a#b", "tab\there", "x" * 257])
+    def test_a_bad_name_is_refused_at_the_call(self, q: qs.Queen, name: str) -> None:
+        with pytest.raises(ValueError):
+            q.locks.acquire(name, ttl_seconds=5)
+
+    def test_a_raw_op_without_a_lifetime_is_refused_before_sending(self, q: qs.Queen) -> None:
+        with pytest.raises(qs.RequestError) as caught:
+            q.locks.batch([{"op": "acquire", "name": "job"}])
+        assert caught.value.code == "lock_bad_request", repr(caught.value)
+        assert not q.locks.get("job"), "nothing was acquired"
+
+    @pytest.mark.parametrize("limit", [0, 1025, True, 2.0])
+    def test_a_limit_outside_1_to_1024_or_not_an_int_is_refused(self, q: qs.Queen,
+                                                                 limit: object) -> None:
+        with pytest.raises((ValueError, TypeError)):
+            q.locks.acquire("job", ttl_seconds=5, limit=limit)  # type: ignore[arg-type]
