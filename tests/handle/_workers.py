@@ -1,0 +1,208 @@
+"""Worker functions for the real-process tests, importable by a ``spawn``-started child.
+
+Each worker opens its own ``Queen`` client on the shared SQLite file, does one
+scenario's part, and reports plain data (numbers, strings, lists) on a
+``multiprocessing`` queue, so the test process judges everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+import queen_sync as qs
+
+NS = "procs"
+
+
+def contend_with_guarded_incr(url: str, name: str, seconds: float, start_at: float,
+                              results: Any) -> None:
+    """Take ``name`` again and again for ``seconds``; while holding, commit guarded writes.
+
+    Each commit bumps an ``incr`` counter AND a read-modify-write counter (read with
+    ``q.kv.get``, written back with ``put``): only exclusion keeps the second one exact.
+    Reports ``(pid, successful commits, refused commits)``.
+    """
+    q = qs.Queen(url)
+    lock = q.lock(name, ttl=5)
+    committed = refused = 0
+    time.sleep(max(0.0, start_at - time.time()))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not lock.acquire(wait=1.0):
+            continue
+        try:
+            seen = q.kv.get(NS, "rmw")
+            current = seen["value"] if seen else 0
+            answer = (q.transaction().guard(lock)
+                      .kv.incr(NS, "counter", forever=True)
+                      .kv.put(NS, "rmw", current + 1, forever=True)
+                      .commit())
+            if answer:
+                committed += 1
+            else:
+                refused += 1
+        finally:
+            lock.release()
+    q.close()
+    results.put((os.getpid(), committed, refused))
+
+
+def hold_semaphore_permits(url: str, name: str, limit: int, seconds: float, start_at: float,
+                           results: Any) -> None:
+    """Take one of ``limit`` permits again and again; report ``(pid, [(acq, rel, token)])``.
+
+    The interval recorded lies INSIDE the engine's hold (after acquire returned, before
+    release was sent), so an overlap seen here is an overlap the engine allowed.
+    """
+    q = qs.Queen(url)
+    permit = q.semaphore(name, limit, ttl=5)
+    rng = random.Random(os.getpid())
+    intervals: list[tuple[float, float, int]] = []
+    time.sleep(max(0.0, start_at - time.time()))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not permit.acquire(wait=2.0):
+            continue
+        acquired_at = time.time()
+        token = permit.token
+        time.sleep(rng.uniform(0.03, 0.12))
+        released_at = time.time()
+        permit.release()
+        intervals.append((acquired_at, released_at, int(token or 0)))
+        time.sleep(rng.uniform(0.0, 0.02))
+    q.close()
+    results.put((os.getpid(), intervals))
+
+
+def hold_until_killed(url: str, name: str, ttl: float, results: Any) -> None:
+    """Take ``name``, report ``("held", token)``, then keep it renewed until killed."""
+    q = qs.Queen(url)
+    lock = q.lock(name, ttl=ttl)
+    if not lock.acquire(wait=5):
+        results.put(("busy", None))
+        return
+    results.put(("held", lock.token))
+    while True:
+        time.sleep(0.1)
+
+
+def wait_then_take(url: str, name: str, ttl: float, wait: float, hold: float,
+                   results: Any) -> None:
+    """Report ``("waiting", time)``, wait for ``name``, report ``("took", time, token)``.
+
+    Keeps it ``hold`` seconds, writing the fenced marker once, then releases.
+    """
+    q = qs.Queen(url)
+    lock = q.lock(name, ttl=ttl)
+    results.put(("waiting", time.time()))
+    if not lock.acquire(wait=wait):
+        results.put(("gave up", time.time(), None))
+        q.close()
+        return
+    took_at = time.time()
+    results.put(("took", took_at, lock.token))
+    q.transaction().guard(lock).kv.put(NS, "winner", "successor", forever=True).commit()
+    time.sleep(hold)
+    lock.release()
+    q.close()
+
+
+def commit_after_pause(url: str, name: str, ttl: float, about_to_write: Any, results: Any) -> None:
+    """Take ``name``; start a guarded commit and stall just before it reaches the engine.
+
+    The stall is where the test SIGSTOPs this process, as a GC pause or a suspended
+    laptop would hit it: after the handle's own checks, before the write. After
+    SIGCONT the commit goes out with the token it was built with; report its answer
+    and what the handle says about the loss.
+    """
+    q = qs.Queen(url)
+    lock = q.lock(name, ttl=ttl)
+    if not lock.acquire(wait=5):
+        results.put(("busy", None))
+        return
+    results.put(("held", lock.token))
+    engine = q.engine
+    real_call = engine.call
+
+    def stalled_call(route: str, body: Any) -> Any:
+        if route == "transaction":
+            about_to_write.set()
+            time.sleep(1.5)  # the SIGSTOP lands in here
+        return real_call(route, body)
+
+    engine.call = stalled_call  # type: ignore[method-assign]  # the stall point of the test
+    answer = q.transaction().guard(lock).kv.put(NS, "winner", "paused", forever=True).commit()
+    lock.lost.wait(2.0)  # the loss may be recorded by the renewer thread just after
+    results.put(("committed", json.dumps(dict(answer)), lock.lost.is_set(), lock.lost_reason,
+                 lock.held, lock.token))
+    q.close()
+
+
+def fork_while_holding(url: str, results: Any) -> None:
+    """Hold a lock, ``os.fork()``; the child checks it holds nothing and can lock on its own.
+
+    Reports ``("child", {...})`` from the child (over a pipe, relayed here) and
+    ``("parent", {...})`` from the parent after the child has exited.
+    """
+    q = qs.Queen(url)
+    lock = q.lock("forked", ttl=1.5)
+    if not lock.acquire():
+        results.put(("busy", None))
+        return
+    token_before = lock.token
+    calls_before = q.renewer.calls
+    parent_thread = q.renewer.thread
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        report = _child_after_fork(q, lock, parent_thread)
+        with os.fdopen(write_end, "w") as pipe:
+            pipe.write(json.dumps(report))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    child["exit_status"] = status
+    results.put(("child", child))
+    holders = q.locks.get("forked")["holders"]
+    results.put(("parent", {
+        "held": lock.held, "lost": lock.lost.is_set(), "token_before": token_before,
+        "token_after": lock.token, "renew_calls": q.renewer.calls - calls_before,
+        "engine_owner": holders[0]["owner"] if holders else None, "owner": lock.owner,
+    }))
+    q.close()
+
+
+def _child_after_fork(q: qs.Queen, lock: qs.Lock, parent_thread: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {"held": lock.held, "token": lock.token,
+                              "renewer_tracks": len(q.renewer.held())}
+    own = q.lock("child-own", ttl=1.5)
+    report["own_acquired"] = own.acquire()
+    first_token = own.token
+    time.sleep(2.0)  # past the lifetime: only the child's renewer can keep it
+    report["own_held_after_ttl"] = own.held
+    report["own_renewed"] = own.token is not None and own.token != first_token
+    thread = q.renewer.thread
+    report["own_renewer_alive"] = thread is not None and thread.is_alive()
+    report["renewer_is_parents"] = thread is parent_thread
+    holders = q.locks.get("forked")["holders"]
+    report["forked_engine_owner"] = holders[0]["owner"] if holders else None
+    report["parent_owner"] = lock.owner
+    q.close()  # releases the child's own lock only
+    report["forked_still_held_after_child_close"] = _forked_held(q.url)
+    return report
+
+
+def _forked_held(url: str) -> bool:
+    """Whether ``forked`` is held, read through a fresh client (the child's is closed)."""
+    fresh = qs.Queen(url)
+    try:
+        return bool(fresh.locks.get("forked")["held"])
+    finally:
+        fresh.close()
