@@ -49,6 +49,9 @@ class Renewer:
     def unregister(self, lock: Lock) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
+            idle = not self._locks
+        if idle:
+            self._wake.set()  # let the thread see it has nothing left and exit
 
     def held(self) -> list[Lock]:
         with self._mutex:
