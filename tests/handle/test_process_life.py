@@ -1,0 +1,115 @@
+"""Process life: close and interpreter exit release leases; interrupts leave nothing held."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import queen_sync as qs
+
+
+def owners(q: qs.Queen, name: str) -> list[str]:
+    return [h["owner"] for h in q.locks.get(name)["holders"]]
+
+
+class TestRelease:
+    def test_close_releases_every_lease_the_clients_handles_hold(self, sqlite_url: str) -> None:
+        q = qs.Queen(sqlite_url)
+        for i in range(3):
+            assert q.lock(f"job-{i}", ttl=60).acquire()
+        q.close()
+        with qs.Queen(sqlite_url) as observer:
+            assert all(not observer.locks.get(f"job-{i}") for i in range(3)), "close leaked"
+
+    def test_interpreter_exit_releases_held_leases(self, sqlite_url: str) -> None:
+        script = (
+            "import queen_sync as qs\n"
+            f"q = qs.Queen({sqlite_url!r})\n"
+            "lock = q.lock('job', ttl=60)\n"
+            "assert lock.acquire()\n"
+            "print(lock.owner, flush=True)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        with qs.Queen(sqlite_url) as observer:
+            assert owners(observer, "job") == [], "a lease outlived its interpreter"
+
+
+class TestInterrupts:
+    def test_keyboard_interrupt_during_a_wait_propagates_promptly_and_holds_nothing(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            holder = q.lock("job", ttl=60)
+            assert holder.acquire()
+            waiter = q.lock("job", ttl=60)
+            timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                waiter.acquire(wait=20)
+            took = time.monotonic() - started
+            assert took < 1.5, f"the interrupt took {took:.2f}s to surface"
+            holder.release()
+            assert waiter.owner not in owners(q, "job") and not waiter.held
+
+    def test_an_interrupt_after_the_engine_granted_gives_the_permit_back(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            real = q._engine.call
+            interrupted: list[bool] = []
+
+            def grant_then_interrupt(route: str, body: Any) -> Any:
+                answer = real(route, body)
+                if body.get("operations", [{}])[0].get("op") == "acquire" and not interrupted:
+                    interrupted.append(True)
+                    raise KeyboardInterrupt
+                return answer
+
+            q._engine.call = grant_then_interrupt  # type: ignore[method-assign]
+            lock = q.lock("job", ttl=60)
+            with pytest.raises(KeyboardInterrupt):
+                lock.acquire()
+            q._engine.call = real  # type: ignore[method-assign]
+            assert interrupted and not lock.held
+            assert owners(q, "job") == [], "the granted permit was not given back"
+
+    def test_an_interrupt_inside_a_locked_block_releases(self, sqlite_url: str) -> None:
+        with qs.Queen(sqlite_url) as q:
+            with pytest.raises(KeyboardInterrupt), q.lock("job", ttl=60):
+                raise KeyboardInterrupt
+            assert owners(q, "job") == []
+
+
+class TestReleaseDuringRenew:
+    def test_release_waits_for_an_in_flight_renew_and_frees_the_new_token(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            lock = q.lock("job", ttl=60, auto_renew=False)
+            assert lock.acquire()
+            real = q._engine.call
+            renewing = threading.Event()
+
+            def slow(route: str, body: Any) -> Any:
+                if body.get("operations", [{}])[0].get("op") == "renew":
+                    renewing.set()
+                    time.sleep(0.2)
+                return real(route, body)
+
+            q._engine.call = slow  # type: ignore[method-assign]
+            renew = threading.Thread(target=lock.renew)
+            renew.start()
+            assert renewing.wait(2)
+            assert lock.release(), "release must free the token the renew minted"
+            renew.join(2)
+            assert owners(q, "job") == [], "a renewed permit was left behind"
