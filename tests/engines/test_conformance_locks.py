@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import pytest
 
 import queen_sync as qs
 
 
-def acquire(q: qs.Queen, name: str, owner: str, **kw: object) -> qs.Result:
-    return q.locks.acquire(name, ttl_seconds=kw.pop("ttl_seconds", 30), owner=owner, **kw)  # type: ignore[arg-type]
+def acquire(q: qs.Queen, name: str, owner: str, *, ttl_seconds: int = 30,
+            limit: Optional[int] = None) -> qs.Result:
+    return q.locks.acquire(name, ttl_seconds=ttl_seconds, owner=owner, limit=limit)
 
 
 class TestAcquire:
