@@ -16,7 +16,7 @@ def acquire(q: qs.Queen, name: str, owner: str, *, ttl_seconds: int = 30,
 
 
 class TestAcquire:
-    def test_a_free_lock_is_granted_on_slot_zero_with_a_guard_for_its_token(self, q: qs.Queen) -> None:
+    def test_a_free_lock_is_granted_on_slot_zero_with_a_guard(self, q: qs.Queen) -> None:
         answer = acquire(q, "job", "alice")
         assert answer, f"a free lock must be granted: {answer}"
         assert answer["slot"] == 0 and answer["owner"] == "alice", answer
