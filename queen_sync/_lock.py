@@ -22,6 +22,7 @@ from ._clock import Clock
 from ._durations import Duration, parse_duration, wire_seconds
 from ._errors import LockLostError, LockNotHeldError, UnsupportedOperationError
 from ._ops import LockOps, check_int, check_name, check_owner, guard_op
+from ._rerun import cell_number, supersede_earlier
 from ._results import Holder, RunResult, holders_from_wire
 from ._semantics import mint_owner
 
@@ -57,6 +58,11 @@ class Lock:
 
     Creating it sends nothing. ``acquire`` takes a permit, a background renewer
     keeps it alive at a third of its lifetime, ``release`` gives it back.
+
+    In a notebook, re-running a cell never waits on the kernel's own earlier
+    handle: acquiring in an IPython cell first releases (with a warning) the
+    handles on the same name and limit that this thread took in EARLIER cells
+    and that no ``with``/``run`` block is using. Outside IPython, handles contend as usual.
     """
 
     def __init__(
@@ -99,6 +105,9 @@ class Lock:
         self._handlers: list[Callable[[str], Any]] = getattr(self, "_handlers", [])
         self._holders: tuple[Holder, ...] = ()
         self._contexts: list[contextvars.Token[Optional[Lock]]] = []
+        self._blocks = 0  # with/run blocks using this handle now (never superseded then)
+        self._taken_in: Optional[int] = None  # thread that acquired it
+        self._cell: Optional[int] = None  # IPython cell that acquired it
 
     # ---- state -------------------------------------------------------------------------
 
@@ -146,6 +155,7 @@ class Lock:
         budget = self._default_wait if wait is None else wait_seconds(wait)
         if self.held:
             return True
+        supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
         started = time.monotonic()
         if budget <= 0:
             return self._attempt(started) or self._busy()
@@ -197,9 +207,10 @@ class Lock:
         self._last_token = self._token
         self._sent_at = sent_at
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
-        self.lost = threading.Event()
+        self.lost.clear()  # the same Event object, so a caller's reference stays current
         self.lost_reason = None
         self._holders = ()
+        self._taken_in, self._cell = threading.get_ident(), cell_number()
         metrics = self._client.metrics
         metrics.count("acquired")
         metrics.held(1)
@@ -334,9 +345,11 @@ class Lock:
         if not self.acquire():
             return RunResult(acquired=False, holders=self._holders)
         context = _current.set(self)
+        self._blocks += 1
         try:
             value = fn(*args, **kwargs)
         finally:
+            self._blocks -= 1
             _current.reset(context)
             self.release()
         return RunResult(acquired=True, value=value)
@@ -347,10 +360,12 @@ class Lock:
             raise LockNotHeldError(f"could not acquire lock {self.name!r}: {busy}",
                                    name=self.name, holders=self._holders)
         self._contexts.append(_current.set(self))
+        self._blocks += 1
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         if self._contexts:
+            self._blocks -= 1
             _current.reset(self._contexts.pop())
         self.release()
 
@@ -368,3 +383,8 @@ class Lock:
             state = "not held"
         kind = f" limit={self.limit}" if self.limit > 1 else ""
         return f"<Lock {self.name!r}{kind} {state} owner={self.owner!r}>"
+
+    def _repr_html_(self) -> str:
+        from ._html import lock_html
+
+        return lock_html(self)

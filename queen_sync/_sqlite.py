@@ -278,7 +278,15 @@ class SqliteEngine(Engine):
 
     @classmethod
     def from_url(cls, url: str, *, timeout: Any = None, **options: Any) -> SqliteEngine:
+        """The engine for ``sqlite:///abs/path.db`` (``?synchronous=``, ``?busy_timeout=``).
+
+        ``timeout`` (seconds) bounds how long a call waits for another process's write.
+        """
         path, query = path_from_url(url)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise TypeError("timeout for the SQLite engine is a positive number of seconds")
+            options.setdefault("busy_timeout", float(timeout))
         if "synchronous" in query:
             options.setdefault("synchronous", query["synchronous"])
         if "busy_timeout" in query:
