@@ -16,6 +16,16 @@ def _sqlite(request: pytest.FixtureRequest) -> str:
     return "sqlite://" + str(request.getfixturevalue("tmp_path") / "queen.db")
 
 
+def _http(request: pytest.FixtureRequest) -> str:
+    """A LocalBroker on a fresh SQLite file, stopped when the test ends."""
+    from queen_sync.testing import LocalBroker
+
+    broker = LocalBroker(str(request.getfixturevalue("tmp_path") / "broker.db")).start()
+    request.addfinalizer(broker.close)
+    return broker.url
+
+
 ENGINE_FACTORIES: dict[str, EngineFactory] = {
     "sqlite": _sqlite,
+    "http": _http,
 }
