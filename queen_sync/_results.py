@@ -72,9 +72,23 @@ class Holder:
         return (f"slot {self.slot} held by {self.owner} (token {self.token}, "
                 f"expires in {_expires_in(self.expires_at)})")
 
+    def _repr_html_(self) -> str:
+        from ._html import holders_html
+
+        return holders_html((self,))
+
+
+class Holders(tuple[Holder, ...]):
+    """A holder listing: a plain tuple of ``Holder`` that notebooks show as a table."""
+
+    def _repr_html_(self) -> str:
+        from ._html import holders_html
+
+        return holders_html(self)
+
 
 def holders_from_wire(raw: Optional[Sequence[Mapping[str, Any]]]) -> tuple[Holder, ...]:
-    return tuple(Holder.from_wire(h) for h in raw or ())
+    return Holders(Holder.from_wire(h) for h in raw or ())
 
 
 @dataclass(frozen=True)
@@ -92,3 +106,8 @@ class RunResult(Generic[T]):
 
     def __bool__(self) -> bool:
         return self.acquired
+
+    def _repr_html_(self) -> str:
+        from ._html import run_result_html
+
+        return run_result_html(self)
