@@ -12,6 +12,7 @@ with qs.Queen() as q:                        # an SQLite file in your state dire
 from __future__ import annotations
 
 from ._client import Locks, Queen, connect
+from ._default import default_client
 from ._durations import parse_duration
 from ._engine import Capabilities, Engine
 from ._errors import (
@@ -32,6 +33,7 @@ from ._kv import Kv
 from ._lock import Lock, current_lock
 from ._metrics import Metrics
 from ._results import Holder, Result, RunResult
+from ._singleton import singleton_job
 from ._transaction import Transaction
 
 __version__ = "0.1.0"
@@ -63,5 +65,14 @@ __all__ = [
     "__version__",
     "connect",
     "current_lock",
+    "default_client",
     "parse_duration",
+    "singleton_job",
 ]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext queen_sync``: register the ``%%lock NAME --ttl 10m`` cell magic."""
+    from ._magic import register
+
+    register(ipython)

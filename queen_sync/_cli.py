@@ -1,0 +1,381 @@
+"""The ``queen-sync`` command line (also ``python -m queen_sync``).
+
+``run`` is ``flock -n`` across hosts: it takes the lease, runs the command with
+the lease in its environment, keeps the lease renewed while the command runs,
+stops the command when the lease is lost, and releases the lease when the
+command ends. ``holders``, ``release`` and ``ping`` are for operators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from ._durations import parse_duration
+from ._errors import EngineError, QueenError
+from ._singleton import LOST_EXIT_CODE, _utc, describe_holders
+
+if TYPE_CHECKING:
+    from ._client import Queen
+    from ._lock import Lock
+    from ._results import Holder
+
+EX_BUSY = 75  # EX_TEMPFAIL: somebody else holds it, try again later
+EX_UNAVAILABLE = 69  # EX_UNAVAILABLE: the engine could not be reached
+EX_NOT_RELEASED = 1
+FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+_EPILOG = """\
+examples:
+  queen-sync run daily-report --ttl 1m -- sh -c 'echo "holding with token $QUEEN_LOCK_TOKEN"'
+  queen-sync holders daily-report --json
+  queen-sync release daily-report --token 42
+  queen-sync ping
+
+The engine is --url, else $QUEEN_URL, else an SQLite file in the user's state
+directory (~/.local/state/queen_sync/queen.db): sqlite:///path.db,
+http(s)://host:6632 (a Queen broker) or postgresql://user@host/db.
+
+exit codes: 0 ok (run: the command's own code; a command killed by signal N: 128+N),
+  1 nothing released, 2 bad usage, 69 engine unreachable,
+  75 busy (run, changeable with --busy-exit-code), 76 run: the lease was lost and the
+  command was stopped, 126/127 run: the command could not be executed / was not found.
+"""
+
+_RUN_EPILOG = f"""\
+examples:
+  queen-sync run daily-report --ttl 1m -- sh -c 'echo "$QUEEN_LOCK_NAME token $QUEEN_LOCK_TOKEN"'
+  queen-sync run nightly-etl --ttl 5m --wait 30s -- python -c "print('etl done')"
+  queen-sync run crawler --limit 2 --ttl 30s -- sh -c 'echo "slot $QUEEN_LOCK_SLOT"'
+
+The command gets QUEEN_LOCK_NAME, QUEEN_LOCK_OWNER, QUEEN_LOCK_TOKEN (the fencing
+token when it started: hand it to sinks that refuse older tokens) and
+QUEEN_LOCK_SLOT. It runs in its own process group; SIGINT, SIGTERM, SIGHUP and
+SIGQUIT sent to queen-sync are forwarded to it. When the lease is lost the group
+gets SIGTERM, then SIGKILL after --grace.
+
+exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
+is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease
+was lost and the command was stopped; 126/127 when it could not be executed / found;
+{EX_UNAVAILABLE} when the engine could not be reached.
+"""
+
+_HOLDERS_EPILOG = """\
+examples:
+  queen-sync holders daily-report
+  queen-sync holders daily-report nightly-etl --json
+"""
+
+_RELEASE_EPILOG = """\
+examples:
+  queen-sync release daily-report --token 42
+  queen-sync release crawler --token 57 --slot 1
+
+Break-glass for operators: frees the permit held at that token (see `holders`).
+A token that is no longer the live one releases nothing (exit code 1).
+"""
+
+_PING_EPILOG = """\
+examples:
+  queen-sync ping
+  queen-sync ping --json
+
+Acquires and releases a probe lock, and prints the engine, its URL (without
+credentials) and the round trip.
+"""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
+def _duration(what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, what=what)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
+
+
+def _wait(text: str) -> float:
+    return 0.0 if text.strip() == "0" else _duration("--wait")(text)
+
+
+def _exit_code(text: str) -> int:
+    code = int(text)
+    if not 0 <= code <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is 0..255, got {code}")
+    return code
+
+
+def _limit(text: str) -> int:
+    limit = int(text)
+    if not 1 <= limit <= 1024:
+        raise argparse.ArgumentTypeError(f"--limit is 1..1024, got {limit}")
+    return limit
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (``--url``/``--json`` go before or after it)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS,
+                        help="engine URL (default: $QUEEN_URL, else the embedded SQLite file)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
+    parser = argparse.ArgumentParser(
+        prog="queen-sync", parents=[common], formatter_class=_Help, epilog=_EPILOG,
+        description="Leases with fencing tokens from the shell: run a command under a lock "
+                    "shared across hosts, list and release holders, check the engine.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser(
+        "run", parents=[common], formatter_class=_Help, epilog=_RUN_EPILOG,
+        usage="queen-sync run NAME [--ttl 5m] [--wait 30s] [--limit N] [--busy-exit-code 75] "
+              "[--grace 10s] -- CMD [ARGS...]",
+        help="run a command while holding a lease (like flock -n, across hosts)",
+        description="Run CMD while holding the lease NAME; exit 75 at once when it is busy.")
+    run.add_argument("name", metavar="NAME")
+    run.add_argument("--ttl", type=_duration("--ttl"), default=300.0,
+                     help="lease lifetime, renewed at a third of it (default 5m)")
+    run.add_argument("--wait", type=_wait, default=0.0,
+                     help="how long to wait for a busy lease (default 0: do not wait)")
+    run.add_argument("--limit", type=_limit, default=1,
+                     help="permits of NAME (a semaphore when > 1; default 1)")
+    run.add_argument("--busy-exit-code", type=_exit_code, default=EX_BUSY,
+                     help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
+    run.add_argument("--grace", type=_duration("--grace"), default=10.0,
+                     help="after a lost lease, SIGTERM then SIGKILL this much later (default 10s)")
+    holders = commands.add_parser(
+        "holders", parents=[common], formatter_class=_Help, epilog=_HOLDERS_EPILOG,
+        help="list who holds the named locks",
+        description="List the live permits of each NAME: slot, owner, token, since, expires in.")
+    holders.add_argument("names", metavar="NAME", nargs="+")
+    release = commands.add_parser(
+        "release", parents=[common], formatter_class=_Help, epilog=_RELEASE_EPILOG,
+        help="release a permit by its token (break-glass)",
+        description="Release the permit of NAME held at TOKEN.")
+    release.add_argument("name", metavar="NAME")
+    release.add_argument("--token", type=int, required=True, help="the holder's token")
+    release.add_argument("--slot", type=int, default=None, help="the permit's slot")
+    commands.add_parser(
+        "ping", parents=[common], formatter_class=_Help, epilog=_PING_EPILOG,
+        help="check the engine: one acquire and release of a probe lock",
+        description="Round-trip an acquire and a release on a probe lock.")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the process exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in words and "run" in words[:words.index("--")]:
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(words)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "run" and not command:
+        parser.error("run needs the command after --, e.g. "
+                     "queen-sync run daily-report --ttl 1m -- python job.py")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("queen-sync: %(message)s"))
+    logger = logging.getLogger("queen_sync")
+    logger.addHandler(handler)
+    try:
+        return _dispatch(args, command)
+    except EngineError as exc:
+        print(f"queen-sync: engine unavailable: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except QueenError as exc:
+        print(f"queen-sync: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        logger.removeHandler(handler)
+
+
+def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    from ._client import Queen
+
+    as_json = bool(getattr(args, "json", False))
+    with Queen(getattr(args, "url", None)) as client:
+        if args.command == "run":
+            return _run(client, args, command, as_json)
+        if args.command == "holders":
+            return _holders(client, args.names, as_json)
+        if args.command == "release":
+            return _release(client, args.name, args.token, args.slot, as_json)
+        return _ping(client, as_json)
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: bool) -> int:
+    if args.limit > 1:
+        lock = client.semaphore(args.name, args.limit, ttl=args.ttl)
+    else:
+        lock = client.lock(args.name, ttl=args.ttl)
+    if not lock.acquire(wait=args.wait):
+        print(f"queen-sync: {args.name!r} is busy: {describe_holders(lock.holders)}",
+              file=sys.stderr)
+        if as_json:
+            _print_json({"name": args.name, "acquired": False,
+                         "holders": [_holder_json(args.name, h) for h in lock.holders]})
+        return int(args.busy_exit_code)
+    try:
+        return _Child(lock, command, args.grace).run()
+    finally:
+        lock.release()
+
+
+class _Child:
+    """The command under the lease: forwarded signals, and stopped when the lease is lost."""
+
+    def __init__(self, lock: Lock, command: list[str], grace: float) -> None:
+        self.lock = lock
+        self.command = command
+        self.grace = grace
+        self.process: Optional[subprocess.Popen[bytes]] = None
+
+    def environment(self) -> dict[str, str]:
+        lock = self.lock
+        return dict(os.environ, QUEEN_LOCK_NAME=lock.name, QUEEN_LOCK_OWNER=lock.owner,
+                    QUEEN_LOCK_TOKEN=str(lock.token), QUEEN_LOCK_SLOT=str(lock.slot))
+
+    def run(self) -> int:
+        try:
+            # Its own session and group: a lost lease stops the whole tree, and a
+            # signal to queen-sync reaches the command exactly once (forwarded).
+            self.process = subprocess.Popen(self.command, env=self.environment(),
+                                            start_new_session=True)
+        except FileNotFoundError:
+            print(f"queen-sync: command not found: {self.command[0]}", file=sys.stderr)
+            return 127
+        except PermissionError:
+            print(f"queen-sync: cannot execute: {self.command[0]}", file=sys.stderr)
+            return 126
+        previous = {sig: signal.signal(sig, self._forward) for sig in _signals()}
+        try:
+            return self._watch(self.process)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> int:
+        while True:
+            try:
+                return _shell_code(process.wait(timeout=0.05))
+            except subprocess.TimeoutExpired:
+                pass
+            if self.lock.lost.is_set() or not self.lock.held:
+                return self._stop(process)
+
+    def _stop(self, process: subprocess.Popen[bytes]) -> int:
+        reason = self.lock.lost_reason or "expired"
+        print(f"queen-sync: the lease on {self.lock.name!r} was lost ({reason}); stopping the "
+              f"command (SIGTERM, SIGKILL after {self.grace:g}s)", file=sys.stderr)
+        self._signal_group(signal.SIGTERM)
+        try:
+            process.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            process.wait()
+        return LOST_EXIT_CODE
+
+
+def _signals() -> list[signal.Signals]:
+    return [getattr(signal, name) for name in FORWARDED if hasattr(signal, name)]
+
+
+def _shell_code(returncode: int) -> int:
+    """A child's exit status as a shell reports it: 128+N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# ---- holders, release, ping -----------------------------------------------------------------
+
+
+def _holder_json(name: str, holder: Holder) -> dict[str, Any]:
+    expires_in = holder.expires_in
+    return {"name": name, "slot": holder.slot, "owner": holder.owner, "token": holder.token,
+            "since": _utc(holder.since), "since_ms": holder.since,
+            "expires_at_ms": holder.expires_at,
+            "expires_in": None if expires_in is None else round(max(0.0, expires_in), 3)}
+
+
+def _holders(client: Queen, names: list[str], as_json: bool) -> int:
+    from ._results import holders_from_wire
+
+    rows = [_holder_json(name, h) for name in names
+            for h in holders_from_wire(client.locks.get(name).get("holders"))]
+    if as_json:
+        _print_json(rows)
+        return 0
+    header = ("NAME", "SLOT", "OWNER", "TOKEN", "SINCE", "EXPIRES IN")
+    table = [header] + [
+        (r["name"], str(r["slot"]), str(r["owner"]), str(r["token"]), r["since"],
+         "never" if r["expires_in"] is None else f"{r['expires_in']:.1f}s") for r in rows]
+    free = [name for name in names if not any(r["name"] == name for r in rows)]
+    if rows:
+        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        for line in table:
+            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    for name in free:
+        print(f"{name}: free")
+    return 0
+
+
+def _release(client: Queen, name: str, token: int, slot: Optional[int], as_json: bool) -> int:
+    answer = client.locks.release(name, token=token, slot=slot)
+    if as_json:
+        _print_json({"name": name, "token": token, **answer})
+    elif answer:
+        print(f"released {name!r} (token {token})")
+    else:
+        print(f"nothing released: token {token} is not a live permit of {name!r} "
+              f"({answer.get('reason')})", file=sys.stderr)
+    return 0 if answer else EX_NOT_RELEASED
+
+
+def _ping(client: Queen, as_json: bool) -> int:
+    probe = f"queen-sync.ping.{secrets.token_hex(4)}"
+    started = time.perf_counter()
+    answer = client.locks.acquire(probe, ttl_seconds=10)
+    released = bool(answer) and bool(client.locks.release(probe, token=int(answer["token"]),
+                                                          slot=answer.get("slot")))
+    latency_ms = (time.perf_counter() - started) * 1000
+    ok = bool(answer) and released
+    if as_json:
+        _print_json({"ok": ok, "engine": client.engine.kind, "url": client.url,
+                     "latency_ms": round(latency_ms, 3)})
+    else:
+        verdict = "ok" if ok else "FAILED"
+        print(f"{verdict}: {client.engine.kind} at {client.url}, acquire + release in "
+              f"{latency_ms:.1f} ms")
+    return 0 if ok else 1
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=None, sort_keys=True))
