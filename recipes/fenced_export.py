@@ -1,0 +1,339 @@
+"""Fenced batch export: partitions written under a lock, so a stale holder cannot win.
+
+```python
+import tempfile
+import queen_sync as qs
+from recipes.fenced_export import FencedDirectory, FencedExport
+
+with qs.Queen() as q, tempfile.TemporaryDirectory() as out:
+    export = FencedExport(q, "daily-sales", FencedDirectory(out), ttl="1m")
+    report = export.run(["2024-01-01", "2024-01-02"], lambda day: f"sales for {day}\\n")
+    print(report.written, report.skipped)        # ['2024-01-01', '2024-01-02'] []
+    print(FencedDirectory(out).read("2024-01-01"))  # b'sales for 2024-01-01\\n'
+    export.reset()                                # forget the progress (to export again)
+```
+
+A holder that pauses past its lease (a GC pause, a suspended VM) wakes up still
+believing it holds the lock and goes on writing. Two things stop it from
+overwriting the newer holder's work:
+
+* every write carries the token the partition was produced under, and the sink
+  refuses a token lower than the highest it has accepted (``FencedOutError``
+  with the presented and current tokens);
+* progress is checkpointed with a guarded transaction, so a new holder resumes
+  after the partitions the old one finished, and a stale holder's checkpoint
+  does not commit.
+
+Sinks:
+    ``FencedDirectory(path)`` keeps its token high-water mark as file names under
+    ``.fence/`` created exclusively (never rewritten, never rewound). Each file is
+    published as ``<name>@<token>`` by ``link`` from a complete temporary file, so
+    a name never appears half-written; a newer token's version of a partition
+    removes the older ones, and a version whose token was overtaken while it was
+    being published is withdrawn by its writer. Readers take the highest version.
+
+    ``FencedKv(q, ns)`` writes each partition as one key through
+    ``q.transaction().guard(lock)``, so the check and the write are one atomic step.
+
+What it does not do: fence side effects outside the sink (an email sent, an API
+called). Put those behind the same token, or make them idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Protocol, Union
+
+import queen_sync as qs
+
+__all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "FencedSink"]
+
+log = logging.getLogger("queen_sync.recipes")
+
+#: Seconds, a ``timedelta`` or a string such as ``"30s"`` (as everywhere in queen_sync).
+Duration = Union[float, timedelta, str]
+
+#: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
+PROGRESS_NS = "queen-sync.export"
+
+
+class FencedSink(Protocol):
+    """Where ``FencedExport`` writes: refuses a write fenced below what it has accepted."""
+
+    def write(self, name: str, data: Any, *, token: int,
+              lock: Optional[qs.Lock] = None) -> object:
+        """Store ``data`` as ``name``; raise ``FencedOutError`` if ``token`` is superseded."""
+
+
+def _check_token(token: Any) -> int:
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"token must be an int (lock.token), got {type(token).__name__}")
+    if token <= 0:
+        raise ValueError(f"token must be > 0, got {token}")
+    return token
+
+
+class FencedDirectory:
+    """A directory that refuses writes fenced below the highest token it has accepted.
+
+    Args:
+        path: the directory (created if missing). ``.fence/`` and ``.tmp/`` inside it
+            are the sink's own.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
+        self.path = Path(path)
+        self._fence = self.path / ".fence"
+        self._tmp = self.path / ".tmp"
+        for folder in (self.path, self._fence, self._tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def token(self) -> int:
+        """The high-water mark: the highest token ever accepted (0 when none)."""
+        return max((int(n) for n in os.listdir(self._fence) if n.isdigit()), default=0)
+
+    def write(self, name: str, data: Any, *, token: int, lock: Optional[qs.Lock] = None) -> Path:
+        """Publish ``data`` (bytes or str) as ``name`` under ``token``; returns the file.
+
+        Raises:
+            FencedOutError: ``token`` is below the high-water mark, before or while
+                publishing (the file is then withdrawn).
+            TypeError, ValueError: a bad name, token or data (before any I/O).
+        """
+        _check_name(name)
+        _check_token(token)
+        body = data.encode("utf-8") if isinstance(data, str) else data
+        if not isinstance(body, bytes):
+            raise TypeError(f"data must be bytes or str, got {type(data).__name__}")
+        self._raise_mark(name, token)
+        final = self.path / f"{name}@{token}"
+        tmp = self._tmp / f"{name}@{token}.{secrets.token_hex(6)}"
+        with open(tmp, "xb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            os.replace(tmp, final)  # the same holding rewrites its own version
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        # The mark may have risen while this version was being published: withdraw it.
+        current = self.token()
+        if current > token:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final)
+            raise _fenced_out(name, token, current)
+        self._drop_older(name, token)
+        return final
+
+    def _raise_mark(self, name: str, token: int) -> None:
+        current = self.token()
+        if token < current:
+            raise _fenced_out(name, token, current)
+        if token > current:
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self._fence / f"{token:020d}", os.O_CREAT | os.O_EXCL, 0o644))
+        current = self.token()
+        if token < current:
+            raise _fenced_out(name, token, current)
+
+    def _drop_older(self, name: str, token: int) -> None:
+        for older, version in self._versions(name):
+            if version < token:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(older)
+
+    def _versions(self, name: str) -> list[tuple[Path, int]]:
+        found = []
+        for entry in os.listdir(self.path):
+            stem, _, tail = entry.rpartition("@")
+            if stem == name and tail.isdigit():
+                found.append((self.path / entry, int(tail)))
+        return found
+
+    def files(self) -> dict[str, tuple[int, Path]]:
+        """Every name in the directory with its winning (highest-token) version."""
+        best: dict[str, tuple[int, Path]] = {}
+        for entry in os.listdir(self.path):
+            stem, _, tail = entry.rpartition("@")
+            if stem and tail.isdigit() and int(tail) > best.get(stem, (0, self.path))[0]:
+                best[stem] = (int(tail), self.path / entry)
+        return dict(sorted(best.items()))
+
+    def read(self, name: str) -> bytes:
+        """The winning version of ``name``.
+
+        Raises:
+            FileNotFoundError: nothing was ever published as ``name``.
+        """
+        versions = self._versions(_check_name(name))
+        if not versions:
+            raise FileNotFoundError(f"{name!r} was never published in {self.path}")
+        return max(versions, key=lambda pair: pair[1])[0].read_bytes()
+
+    def __repr__(self) -> str:
+        return f"<FencedDirectory {str(self.path)!r} token={self.token()}>"
+
+
+class FencedKv:
+    """A KV namespace written through ``q.transaction().guard(lock)``: one key per partition.
+
+    Args:
+        q: the client.
+        ns: the namespace to write into.
+        prefix: prepended to every key.
+    """
+
+    def __init__(self, q: qs.Queen, ns: str, *, prefix: str = "") -> None:
+        self._q = q
+        self.ns = ns
+        self.prefix = prefix
+
+    def write(self, name: str, data: Any, *, token: int, lock: Optional[qs.Lock] = None) -> None:
+        """Store ``data`` (JSON) at ``prefix + name`` if ``lock`` still holds its permit.
+
+        Raises:
+            FencedOutError: the lock's permit moved on (another holder) or is gone.
+            TypeError: no ``lock`` given (the guard needs the handle, not just a token).
+        """
+        if lock is None:
+            raise TypeError("FencedKv.write needs lock= (its guard is checked in the store)")
+        _check_token(token)
+        txn = self._q.transaction().guard(lock)
+        txn.kv.put(self.ns, self.prefix + name, {"data": data, "token": token}, forever=True)
+        _guarded_commit(self._q, txn, lock, token, what=f"{self.ns}/{self.prefix}{name}")
+
+    def read(self, name: str) -> Any:
+        """The data last stored as ``name`` (KeyError when there is none)."""
+        answer = self._q.kv.get(self.ns, self.prefix + name)
+        if not answer:
+            raise KeyError(name)
+        return answer["value"]["data"]
+
+
+def _guarded_commit(q: qs.Queen, txn: qs.Transaction, lock: qs.Lock, token: int, *,
+                    what: str) -> None:
+    """Commit ``txn``; a lost guard (or a lock no longer held) is ``FencedOutError``."""
+    try:
+        answer = txn.commit()
+    except qs.LockNotHeldError as exc:
+        raise _fenced_out(what, token, _current_token(q, lock)) from exc
+    if not answer:
+        current = answer.get("version") if answer.get("failedIndex") == 0 else None
+        raise _fenced_out(what, token, current if current else _current_token(q, lock))
+
+
+def _current_token(q: qs.Queen, lock: qs.Lock) -> Optional[int]:
+    holders = q.locks.get(lock.name).get("holders") or []
+    return int(holders[0]["token"]) if holders else None
+
+
+def _fenced_out(what: str, presented: int, current: Optional[int]) -> qs.FencedOutError:
+    now = f"now at token {current}" if current else "no longer held by anyone"
+    return qs.FencedOutError(
+        f"refusing the write of {what!r} fenced at token {presented}: the lock is {now}. "
+        "Another holder took over; stop rather than retry.",
+        presented=presented, current=current)
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a partition name must be a str, got {type(name).__name__}")
+    bad = (not name or name.startswith(".") or "/" in name or "\\" in name or "\0" in name
+           or len(name.encode("utf-8")) > 200)
+    if bad:
+        raise ValueError(f"partition name {name!r} must be 1..200 bytes, not start with '.', "
+                         "and contain no path separator")
+    return name
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What one ``FencedExport.run`` did."""
+
+    acquired: bool
+    written: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)
+
+
+class FencedExport:
+    """Export partitions in order under the lock ``name``, resuming after finished ones.
+
+    Args:
+        q: the client.
+        name: the export's name: its lock name and the key of its progress.
+        sink: a ``FencedDirectory``, a ``FencedKv``, or anything with their ``write``.
+        ttl: the lease's lifetime (renewed in the background while exporting).
+        wait: how long ``run`` waits for the lock (default: one attempt).
+    """
+
+    def __init__(self, q: qs.Queen, name: str, sink: FencedSink, *, ttl: Duration,
+                 wait: Optional[Duration] = 0) -> None:
+        self._q = q
+        self.name = name
+        self.sink = sink
+        self._lock_args: dict[str, Any] = {"ttl": ttl, "wait": wait}
+        q.lock(name, ttl=ttl, wait=wait)  # validates name, ttl and wait before any I/O
+
+    def finished(self) -> list[str]:
+        """The partitions whose export was checkpointed, by any holder."""
+        rows = self._q.kv.list_all(PROGRESS_NS, self.name + "/")
+        return [row["key"][len(self.name) + 1:] for row in rows]
+
+    def run(self, partitions: Iterable[str], produce: Callable[[str], Any]) -> ExportReport:
+        """Take the lock, write ``produce(p)`` for each unfinished partition, release.
+
+        Each partition is produced under the token current when it starts, written
+        with that token, then checkpointed (guarded).
+
+        Returns:
+            an ``ExportReport``; ``acquired`` is False when another holder has the lock.
+
+        Raises:
+            FencedOutError: a write or checkpoint was refused: another holder took over.
+        """
+        lock = self._q.lock(self.name, **self._lock_args)
+        if not lock.acquire():
+            return ExportReport(acquired=False)
+        report = ExportReport(acquired=True)
+        try:
+            done = set(self.finished())
+            for partition in partitions:
+                if partition in done:
+                    report.skipped.append(partition)
+                    continue
+                self._export_one(lock, partition, produce, report)
+        finally:
+            lock.release()
+        return report
+
+    def _export_one(self, lock: qs.Lock, partition: str, produce: Callable[[str], Any],
+                    report: ExportReport) -> None:
+        token = lock.token
+        if token is None:
+            lock.check()  # raises LockLostError saying why
+            return
+        data = produce(partition)
+        self.sink.write(partition, data, token=token, lock=lock)
+        txn = self._q.transaction().guard(lock)
+        txn.kv.put(PROGRESS_NS, f"{self.name}/{partition}", {"token": token}, forever=True)
+        _guarded_commit(self._q, txn, lock, token, what=f"progress of {self.name}/{partition}")
+        report.written.append(partition)
+        report.tokens[partition] = token
+        log.info("export %r wrote %r with token %s", self.name, partition, token)
+
+    def reset(self) -> int:
+        """Forget every checkpoint (the next run exports everything); returns how many."""
+        rows = self._q.kv.list_all(PROGRESS_NS, self.name + "/", keys_only=True)
+        for row in rows:
+            self._q.kv.delete(PROGRESS_NS, row["key"])
+        return len(rows)
