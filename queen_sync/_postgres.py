@@ -1,0 +1,251 @@
+"""The PostgreSQL engine: one database shared by many machines, no broker.
+
+```python
+import queen_sync as qs
+
+with qs.Queen("postgresql://app@db.internal/app") as q:
+    with q.lock("nightly-etl", ttl="5m") as lock, psycopg.connect(DSN) as conn:
+        with conn.transaction():
+            lock.fence(conn)        # the write below commits only while this lease is held
+            conn.execute("UPDATE report SET ...")
+```
+
+The lock and key/value semantics are the embedded engines' (``_semantics``),
+run over ``PostgresStorage``: rows in a schema of their own (``queen_sync`` by
+default, ``?schema=name`` to choose), tokens from a sequence, expiry by the
+database clock. A release wakes waiters on any machine through LISTEN/NOTIFY.
+
+URL options besides libpq's own: ``schema``, ``timeout`` (seconds per call and
+to connect), ``pool_min_size``, ``pool_max_size``. Everything else in the URL
+(hosts, ``sslmode``, ``target_session_attrs``, ...) goes to libpq unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import threading
+from typing import Any, Iterator, Mapping, Optional
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ._engine import Capabilities, Engine, Waiter, redact_url
+from ._errors import LockLostError, RequestError
+from ._ops import LOCKS_NS, permit_key
+from ._semantics import EmbeddedSemantics
+
+try:
+    import psycopg
+    import psycopg.conninfo
+    from psycopg.pq import TransactionStatus
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "the PostgreSQL engine needs psycopg 3 and psycopg_pool: "
+        "pip install 'queen-sync[postgres]'") from exc
+
+from ._postgres_listen import Listener
+from ._postgres_storage import PostgresStorage, translate
+
+log = logging.getLogger("queen_sync")
+
+DEFAULT_SCHEMA = "queen_sync"
+DEFAULT_TIMEOUT = 10.0
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
+_LISTEN_READY_WAIT = 2.0
+
+
+def _timeouts(timeout: Any) -> tuple[float, float]:
+    """``(connect, per call)`` seconds from a number or a ``(connect, read)`` pair."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
+    if isinstance(timeout, (tuple, list)):
+        connect, call = (float(t) for t in timeout)
+    else:
+        connect = call = float(timeout)
+    if connect <= 0 or call <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return connect, call
+
+
+def public_url(url: str) -> str:
+    """``url`` without its password (in the address or the query), safe to print and log."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "password"]
+    base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    try:
+        base = redact_url(base)
+    except ValueError:  # several hosts with ports: the standard parser gives up on those
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hosts}" if ":" in userinfo else parts.netloc
+        base = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return base + (f"?{urlencode(query)}" if query else "")
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The libpq URL and this engine's own query options, taken out of it."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise RequestError(f"not a PostgreSQL URL: {public_url(url)}", code="bad_url")
+    ours: dict[str, str] = {}
+    theirs = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _OWN_QUERY:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(theirs), ""))
+    return libpq, ours
+
+
+def _engine_url(libpq_url: str, schema: str) -> str:
+    url = public_url(libpq_url)
+    if schema != DEFAULT_SCHEMA:
+        url += ("&" if "?" in url else "?") + f"schema={schema}"
+    return url
+
+
+def _session_options(existing: Optional[str], call_timeout: float) -> str:
+    """Server settings for our sessions: no statement or lock wait outlives the call timeout."""
+    ms = int(call_timeout * 1000)
+    ours = (f"-c statement_timeout={ms} -c lock_timeout={ms} "
+            f"-c idle_in_transaction_session_timeout={max(ms, 5000)}")
+    return f"{existing} {ours}" if existing else ours
+
+
+def build_conninfo(libpq_url: str, connect_timeout: float, call_timeout: float,
+                   where: str) -> str:
+    """A libpq connection string with this engine's defaults added to the user's settings."""
+    try:
+        params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(libpq_url)
+    except psycopg.Error as exc:
+        raise RequestError(f"bad PostgreSQL URL {where}: {exc}", code="bad_url") from exc
+    params.setdefault("application_name", "queen_sync")
+    params.setdefault("connect_timeout", str(max(1, math.ceil(connect_timeout))))
+    params.setdefault("tcp_user_timeout", str(int(call_timeout * 1000)))
+    params.setdefault("keepalives_idle", "30")
+    params["options"] = _session_options(params.get("options"), call_timeout)
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+class PostgresEngine(Engine):
+    """The wire's lock and KV semantics on a PostgreSQL database, shared by many machines.
+
+    Args:
+        url: ``postgresql://user[:password]@host[:port][,host2...]/db[?options]``.
+        schema: the schema to keep rows in (created on first use).
+        timeout: seconds per call and to connect, or a ``(connect, call)`` pair.
+        pool_min_size: connections kept open (shared by the caller and the renewer).
+        pool_max_size: connections the pool may open.
+    """
+
+    kind = "postgres"
+    capabilities = Capabilities(multi_host=True, wake_on_release=True, user_table_fencing=True)
+    OPTIONS = frozenset({"timeout", "schema", "pool_min_size", "pool_max_size"})
+
+    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA, timeout: Any = None,
+                 pool_min_size: int = 1, pool_max_size: int = 8) -> None:
+        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+            raise RequestError(
+                f"schema must be 1..63 lowercase letters, digits or '_', not starting with a "
+                f"digit; got {schema!r}", code="bad_url")
+        if not 0 <= pool_min_size <= pool_max_size or pool_max_size < 1:
+            raise ValueError("need 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1")
+        libpq_url, _ = split_url(url)
+        connect_timeout, call_timeout = _timeouts(timeout)
+        self._url = _engine_url(libpq_url, schema)
+        conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url)
+        self.storage = PostgresStorage(conninfo, where=self._url, schema=schema,
+                                       timeout=connect_timeout + call_timeout,
+                                       min_size=pool_min_size, max_size=pool_max_size)
+        self._semantics = EmbeddedSemantics(self.storage)
+        self._listener: Optional[Listener] = None
+        self._mutex = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresEngine:
+        """The engine for a URL; explicit options win over the URL's query options."""
+        _, query = split_url(url)
+        conversions = {"schema": str, "timeout": float, "pool_min_size": int,
+                       "pool_max_size": int}
+        for key, value in query.items():
+            try:
+                options.setdefault(key, conversions[key](value))
+            except ValueError as exc:
+                raise RequestError(f"bad {key}={value!r} in the URL", code="bad_url") from exc
+        return cls(url, **options)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.storage.new_call(route, body)
+        return self._semantics.call(route, body)
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        """A waiter woken by LISTEN/NOTIFY when a permit of ``name`` is released."""
+        listener = self._listening()
+        with listener.subscribe(name) as waiter:
+            yield waiter
+
+    def _listening(self) -> Listener:
+        with self._mutex:
+            if self._listener is None:
+                self._listener = Listener(self.storage.connect, self.storage.sql.channel)
+            listener = self._listener
+        if not listener.ready(_LISTEN_READY_WAIT):
+            log.debug("LISTEN at %s is not ready; waiters fall back to polling", self._url)
+        return listener
+
+    def fence(self, conn: Any, *, name: str, slot: int, token: int) -> None:
+        """Inside ``conn``'s open transaction, hold this permit at ``token`` until it commits.
+
+        The permit row is checked live by the database clock at exactly ``token`` and
+        locked ``FOR KEY SHARE``: a new holder cannot take the slot, nor the holder release
+        it, before this transaction ends, while the holder's own renewals go on.
+
+        Args:
+            conn: a psycopg 3 connection to the same database, inside a transaction.
+            name: the lock name.
+            slot: the permit's slot.
+            token: the token the caller holds.
+
+        Raises:
+            LockLostError: the permit is gone, expired, or at another token (reason ``guard``).
+            RequestError: ``conn`` is in autocommit mode outside a transaction block.
+        """
+        info = getattr(conn, "info", None)
+        if getattr(conn, "autocommit", False) and info is not None and (
+                info.transaction_status == TransactionStatus.IDLE):
+            raise RequestError("lock.fence(conn) needs an open transaction on conn "
+                               "(use `with conn.transaction():`)", code="fence_needs_transaction")
+        try:
+            with conn.cursor() as cur:
+                cur.execute(self.storage.sql.fence, (LOCKS_NS, permit_key(name, slot), token))
+                live = cur.fetchone() is not None
+        except psycopg.Error as exc:
+            raise translate(exc, self._url) from exc
+        if not live:
+            raise LockLostError(
+                f"lock {name!r} (slot {slot}) is no longer held at token {token}: the write "
+                "was fenced out", name=name, reason="guard", token=token)
+
+    def after_fork(self) -> None:
+        with self._mutex:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.abandon()
+        self.storage.after_fork()
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        with self._mutex:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        self.storage.close()
+

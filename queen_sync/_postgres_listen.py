@@ -1,0 +1,140 @@
+"""Wake-up on release for the PostgreSQL engine: one LISTEN connection per engine.
+
+A release NOTIFYs the schema's channel with the lock name, inside the
+transaction that frees the permit, so the notification is delivered exactly
+when the release commits. One background thread per engine listens and wakes
+the waiters registered for that name. Waiters still time out and retry, so a
+notification lost while the listener reconnects only costs latency; every
+waiter is woken after a reconnect, since releases may have been missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+import psycopg
+
+log = logging.getLogger("queen_sync")
+
+_RECONNECT_MAX = 1.0
+
+
+class PgWaiter:
+    """Woken when a permit of its lock name is released anywhere on the database."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when woken by a release."""
+        woke = self._event.wait(max(0.0, timeout))
+        self._event.clear()
+        return woke
+
+
+class Listener:
+    """A LISTEN connection and the thread that dispatches its notifications by lock name.
+
+    Args:
+        connect: opens a new autocommit connection (driver errors propagate).
+        channel: the channel releases are notified on.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str) -> None:
+        self._connect = connect
+        self._channel = channel
+        self._waiters: dict[str, set[PgWaiter]] = {}
+        self._mutex = threading.Lock()
+        self._listening = threading.Event()
+        self._stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        self._conn: Optional[psycopg.Connection[Any]] = None
+        self._thread = threading.Thread(target=self._loop, name="queen_sync-pg-listen",
+                                        daemon=True)
+        self._thread.start()
+
+    def ready(self, timeout: float) -> bool:
+        """Wait until LISTEN is in effect (so no release after this call is missed)."""
+        return self._listening.wait(timeout)
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[PgWaiter]:
+        waiter = PgWaiter()
+        with self._mutex:
+            self._waiters.setdefault(name, set()).add(waiter)
+        try:
+            yield waiter
+        finally:
+            with self._mutex:
+                group = self._waiters.get(name)
+                if group is not None:
+                    group.discard(waiter)
+                    if not group:
+                        del self._waiters[name]
+
+    def _wake(self, name: Optional[str]) -> None:
+        with self._mutex:
+            if name is None:
+                waiters = [w for group in self._waiters.values() for w in group]
+            else:
+                waiters = list(self._waiters.get(name, ()))
+        for waiter in waiters:
+            waiter.wake()
+
+    def _loop(self) -> None:
+        delay = 0.05
+        while not self._stopping.is_set():
+            try:
+                with self._connect() as conn:
+                    self._conn = conn
+                    conn.execute(f'LISTEN "{self._channel}"')
+                    self._listening.set()
+                    self._wake(None)
+                    delay = 0.05
+                    self._pump(conn)
+            except psycopg.Error as exc:
+                log.debug("queen_sync LISTEN connection failed: %s", exc)
+            finally:
+                self._listening.clear()
+                self._conn = None
+            self._stopping.wait(delay)
+            delay = min(delay * 2, _RECONNECT_MAX)
+
+    def _pump(self, conn: psycopg.Connection[Any]) -> None:
+        pgconn = conn.pgconn
+        while not self._stopping.is_set():
+            readable, _, _ = select.select([pgconn.socket, self._wake_r], [], [], 60.0)
+            if self._wake_r in readable:
+                os.read(self._wake_r, 64)
+                continue
+            pgconn.consume_input()
+            while True:
+                note = pgconn.notifies()
+                if note is None:
+                    break
+                self._wake(note.extra.decode("utf-8", "replace"))
+            if pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the LISTEN connection was lost")
+
+    def close(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+        self._thread.join(5.0)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def abandon(self) -> None:
+        """In a forked child: the thread is gone; only the pipe is ours to close."""
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,620 @@
+"""PostgreSQL storage for the embedded semantics: one schema, one pool, one transaction per body.
+
+How a body stays one atomic step without a global lock: every row belongs to an
+*entity* (a lock name for permits, else the key), and the first time a
+transaction touches an entity it takes a transaction-scoped advisory lock on it,
+held until COMMIT. Bodies touching the same lock name therefore run one after
+the other, absent keys included, while unrelated names run in parallel. Only
+the first entity lock of a transaction waits; later ones are tried, and a miss
+rolls the body back (the semantics run it again, first taking the locks it
+missed in a fixed order), so two bodies can never deadlock each other.
+
+Tokens come from a SEQUENCE, which never rewinds (not on rollback, not on
+restart). Expiry is judged by ``clock_timestamp()``, read once per transaction.
+A permit row is replaced by DELETE then INSERT (never an UPDATE in place) when a
+new holder takes an expired slot, so a caller's ``FOR KEY SHARE`` fence on the
+old row makes the takeover wait until the fenced transaction commits, while the
+holder's own renewals (UPDATEs of non-key columns) are not blocked by it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import psycopg
+import psycopg_pool
+from psycopg import ClientCursor
+
+from ._errors import EngineError, EngineUnavailableError, QueenError
+from ._ops import LOCKS_NS
+from ._storage import Row, StorageConflict
+
+log = logging.getLogger("queen_sync")
+
+SCHEMA_VERSION = 1
+_COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
+_SWEEP_EVERY = 1000
+_CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+# Every driver exception type this package catches, each translated by ``translate``.
+CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.Error,
+    psycopg.OperationalError,
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DivisionByZero,
+    psycopg.errors.UndefinedTable,
+    psycopg_pool.PoolTimeout,
+)
+
+# Most specific first: the first matching class decides the queen_sync error.
+_TRANSLATIONS: tuple[tuple[type[Exception], type[QueenError], str], ...] = (
+    (psycopg_pool.PoolClosed, EngineError, "the engine is closed"),
+    (psycopg_pool.PoolTimeout, EngineUnavailableError, "no connection became available"),
+    (psycopg_pool.TooManyRequests, EngineUnavailableError, "too many callers are waiting"),
+    (psycopg.errors.InsufficientPrivilege, EngineError, "the database user lacks a privilege"),
+    (psycopg.OperationalError, EngineUnavailableError, "the database is unavailable"),
+    (psycopg.InterfaceError, EngineError, "the driver failed"),
+    (psycopg.Error, EngineError, "the database refused the request"),
+)
+
+
+def translate(exc: psycopg.Error, where: str) -> QueenError:
+    """The queen_sync error for a driver error (``where`` names the store, without secrets)."""
+    for driver_type, queen_type, summary in _TRANSLATIONS:
+        if isinstance(exc, driver_type):
+            detail = str(exc).strip() or type(exc).__name__
+            return queen_type(f"PostgreSQL at {where}: {summary}: {detail}")
+    raise TypeError(f"not a driver error: {exc!r}")  # pragma: no cover - psycopg.Error matches
+
+
+def _signed32(value: int) -> int:
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+def _entity_key(entity: str) -> int:
+    return _signed32(int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=4).digest(),
+                                    "big"))
+
+
+def _entity_of(ns: str, key: str) -> str:
+    """Permits of one lock name share an entity, so a name's slots are scanned race-free."""
+    if ns == LOCKS_NS and "#" in key:
+        return "L" + key.rsplit("#", 1)[0]
+    return f"K{ns}/{key}"  # a namespace never holds "/", so this is unambiguous
+
+
+def _prefix_end(prefix: str) -> Optional[str]:
+    """The least string above every string starting with ``prefix`` (code point order)."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop()) + 1
+        if last == 0xD800:
+            last = 0xE000  # surrogates cannot be stored in text
+        if last <= 0x10FFFF:
+            return "".join(chars) + chr(last)
+    return None
+
+
+def _row(record: Sequence[Any]) -> Row:
+    ns, key, value, version, expires_at, created_at, updated_at, prev = record
+    return Row(ns, key, value, version, expires_at, created_at, updated_at, prev)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def channel_for(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of one schema (a short digest: channel names are capped)."""
+    return "queen_sync_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
+
+
+class Statements:
+    """The SQL of one schema, rendered once (the schema name is validated, so quoting is safe)."""
+
+    def __init__(self, schema: str) -> None:
+        s = f'"{schema}"'
+        kv = f"{s}.kv"
+        self.schema = schema
+        self.lock_class = _signed32(zlib.crc32(f"queen_sync:{schema}".encode()))
+        self.channel = channel_for(schema)
+        self.ddl = (
+            f"CREATE SCHEMA IF NOT EXISTS {s};"
+            f"CREATE TABLE IF NOT EXISTS {kv} ("
+            ' ns text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, value json NOT NULL,'
+            " version bigint NOT NULL, expires_at bigint, created_at bigint NOT NULL,"
+            " updated_at bigint NOT NULL, prev_version bigint, PRIMARY KEY (ns, key));"
+            f"CREATE INDEX IF NOT EXISTS kv_expiry ON {kv} (expires_at)"
+            " WHERE expires_at IS NOT NULL;"
+            f"CREATE SEQUENCE IF NOT EXISTS {s}.version AS bigint;"
+            f"CREATE TABLE IF NOT EXISTS {s}.meta (name text PRIMARY KEY, value bigint NOT NULL);"
+            f"INSERT INTO {s}.meta (name, value) VALUES ('schema', {SCHEMA_VERSION})"
+            " ON CONFLICT (name) DO UPDATE SET value = GREATEST(meta.value, EXCLUDED.value)"
+        )
+        self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
+        self.read = f"SELECT {_COLUMNS} FROM {kv} WHERE ns = %s AND key = %s"
+        self.read_prefix = (
+            f"SELECT {_COLUMNS} FROM {kv} WHERE ns = %s AND key >= %s AND key > %s"
+            " AND (%s::text IS NULL OR key < %s) AND starts_with(key, %s)"
+            " AND (expires_at IS NULL OR expires_at > %s) ORDER BY key LIMIT %s"
+        )
+        # Divides by zero (failing the transaction) if the row vanished under its lock.
+        self.update = (
+            f"WITH u AS (UPDATE {kv} SET value = %s, version = %s, expires_at = %s,"
+            " created_at = %s, updated_at = %s, prev_version = %s WHERE ns = %s AND key = %s"
+            " RETURNING 1) SELECT 1 / count(*) FROM u"
+        )
+        self.insert = (
+            f"INSERT INTO {kv} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.delete_expired = (
+            f"DELETE FROM {kv} WHERE ns = %s AND key = %s AND expires_at <= %s"
+        )
+        self.delete = f"DELETE FROM {kv} WHERE ns = %s AND key = %s"
+        self.notify = "SELECT pg_notify(%s, %s)"
+        self.next_version = f"SELECT nextval('{s}.version'::regclass)"
+        self.sweep = (
+            f"DELETE FROM {kv} WHERE (ns, key) IN (SELECT ns, key FROM {kv}"
+            " WHERE expires_at <= %s LIMIT 256 FOR UPDATE SKIP LOCKED)"
+        )
+        self.fence = (
+            f"SELECT 1 FROM {kv} WHERE ns = %s AND key = %s AND version = %s"
+            f" AND (expires_at IS NULL OR expires_at > ({_CLOCK})) FOR KEY SHARE"
+        )
+        self.clock_and_versions = (
+            f"SELECT ({_CLOCK}), ARRAY(SELECT nextval('{s}.version'::regclass)"
+            " FROM generate_series(1, %s))")
+        self._fetch_head = f"SELECT {_COLUMNS} FROM {kv} WHERE "
+        self.lock = "SELECT pg_advisory_xact_lock(%s, %s)"
+        self.try_lock = "SELECT pg_try_advisory_xact_lock(%s, %s)"
+
+    def fetch(self, entities: Iterable[str]) -> tuple[str, list[Any]]:
+        """One SELECT of every row of these entities (lock names' permits, single keys)."""
+        conditions, params = [], []
+        for entity in entities:
+            if entity.startswith("L"):
+                conditions.append("(ns = %s AND key >= %s AND key < %s)")
+                params += [LOCKS_NS, entity[1:] + "#", entity[1:] + "$"]
+            else:
+                ns, key = entity[1:].split("/", 1)
+                conditions.append("(ns = %s AND key = %s)")
+                params += [ns, key]
+        return self._fetch_head + " OR ".join(conditions), params
+
+
+# Lost races that running the body again resolves.
+_CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
+              psycopg.errors.SerializationFailure, psycopg.errors.DivisionByZero)
+_MAX_PLANNED = 64
+_MINTS = frozenset({"acquire", "renew", "put", "putIfAbsent", "incr"})
+_KEYED = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
+
+Statement = tuple[str, Sequence[Any]]
+
+
+@dataclass
+class Plan:
+    """What a body will touch, read off it before it runs: locked and fetched up front.
+
+    Attributes:
+        entities: the entities (lock names, keys) its operations name.
+        versions: how many versions it may mint (drawn in advance; unused ones are skipped).
+    """
+
+    entities: set[str] = field(default_factory=set)
+    versions: int = 0
+
+
+def plan_for(route: str, body: Any) -> Plan:
+    """The plan of a wire body; anything malformed is left for the semantics to refuse."""
+    plan = Plan()
+    ops = body.get("kv") if route == "transaction" else body.get("operations")
+    for op in ops if isinstance(ops, list) else ():
+        kind = op.get("op") if isinstance(op, dict) else None
+        if route == "locks" and isinstance(op.get("name"), str):
+            plan.entities.add("L" + op["name"])
+        elif kind in _KEYED and isinstance(op.get("ns"), str) and isinstance(op.get("key"), str):
+            plan.entities.add(_entity_of(op["ns"], op["key"]))
+        elif kind == "getMany" and isinstance(op.get("ns"), str) and isinstance(op.get("keys"),
+                                                                                list):
+            plan.entities.update(_entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
+        plan.versions += kind in _MINTS
+    if len(plan.entities) > _MAX_PLANNED:
+        return Plan(versions=plan.versions)  # too many to lock up front: lock as they come
+    return plan
+
+
+class _CallState(threading.local):
+    """Per-thread memory across the attempts of one call."""
+
+    def __init__(self) -> None:
+        self.plan = Plan()
+        self.reconnected = False
+
+
+class PgTxn:
+    """One body's transaction: ``StorageTxn`` over a connection, BEGIN sent on creation.
+
+    The first round trip sends BEGIN, takes the planned entities' locks in a fixed order,
+    reads the clock, draws the planned versions and fetches every row of the planned
+    entities; the body's reads are then answered from memory. Writes travel with the
+    next statement that needs an answer, or with COMMIT. A body that strays beyond its
+    plan still works: the entity is locked (tried, not waited for) and read on demand.
+    """
+
+    def __init__(self, cur: psycopg.Cursor[Any], sql: Statements, plan: Plan) -> None:
+        self._cur = cur
+        self._sql = sql
+        self._pending: list[Statement] = []
+        self._rows: dict[tuple[str, str], Optional[Row]] = {}
+        self._complete: set[str] = set()
+        self.missed: set[str] = set()
+        ordered = sorted(plan.entities, key=_entity_key)
+        script: list[Statement] = [("BEGIN", ())]
+        script += [(sql.lock, (sql.lock_class, _entity_key(e))) for e in ordered]
+        script.append((sql.clock_and_versions, (plan.versions,)))
+        if ordered:
+            script.append(sql.fetch(ordered))
+        results = self._roundtrip(script)
+        self._held = set(ordered)
+        clock_row = results[len(ordered) + 1][1][0]
+        self._now = int(clock_row[0])
+        self._spares = sorted(int(v) for v in clock_row[1])
+        if ordered:
+            self._remember(ordered, results[-1][1])
+
+    def _remember(self, entities: Sequence[str], records: Sequence[Any]) -> None:
+        wanted = set(entities)
+        self._complete |= wanted
+        for record in records:
+            row = _row(record)
+            if _entity_of(row.ns, row.key) in wanted:
+                self._rows[(row.ns, row.key)] = row
+
+    def _roundtrip(self, statements: Sequence[Statement]) -> list[tuple[int, list[Any]]]:
+        """Send statements as one script; each one's ``(rowcount, rows)`` in order."""
+        cur = self._cur
+        cur.execute("; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
+        results = []
+        while True:
+            result = cur.pgresult
+            returned = result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+            results.append((cur.rowcount, cur.fetchall() if returned else []))
+            if not cur.nextset():
+                return results
+
+    def _ask(self, entity: Optional[str], query: Statement) -> list[Any]:
+        """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
+        script, self._pending = self._pending, []
+        locking = entity is not None and entity not in self._held
+        if locking:
+            # Waiting while holding a lock could deadlock with another body: only try.
+            lock = self._sql.try_lock if self._held else self._sql.lock
+            script.append((lock, (self._sql.lock_class, _entity_key(entity))))
+        script.append(query)
+        results = self._roundtrip(script)
+        if locking:
+            assert entity is not None
+            if self._held and not results[-2][1][0][0]:
+                self.missed = {*self._held, entity}
+                raise StorageConflict("another body holds this name; retrying in lock order")
+            self._held.add(entity)
+            self._spares = []  # drawn before this lock, so not above what its holders minted
+        return results[-1][1]
+
+    def now_ms(self) -> int:
+        return self._now
+
+    def read(self, ns: str, key: str) -> Optional[Row]:
+        entity = _entity_of(ns, key)
+        if (ns, key) in self._rows or entity in self._complete:
+            return self._rows.get((ns, key))
+        records = self._ask(entity, (self._sql.read, (ns, key)))
+        row = _row(records[0]) if records else None
+        self._rows[(ns, key)] = row
+        return row
+
+    def read_prefix(
+        self, ns: str, prefix: str, *, after: Optional[str], limit: int, now_ms: int
+    ) -> Sequence[Row]:
+        entity = _entity_of(ns, prefix + "0") if ns == LOCKS_NS and prefix.endswith("#") else None
+        if entity is not None and entity in self._complete:
+            return self._cached_prefix(prefix, after or "", limit, now_ms)
+        end = _prefix_end(prefix)
+        records = self._ask(entity, (self._sql.read_prefix, (ns, prefix, after or "", end, end,
+                                                             prefix, now_ms, limit)))
+        rows = [_row(record) for record in records]
+        for row in rows:
+            self._rows[(row.ns, row.key)] = row
+        return rows
+
+    def _cached_prefix(self, prefix: str, after: str, limit: int, now_ms: int) -> list[Row]:
+        rows = [row for (ns, key), row in self._rows.items()
+                if row is not None and ns == LOCKS_NS and key.startswith(prefix) and key > after
+                and row.live_at(now_ms)]
+        return sorted(rows, key=lambda row: row.key)[:limit]
+
+    def _queue(self, entity: str, statements: Sequence[Statement]) -> None:
+        if entity not in self._held:
+            self._ask(entity, ("SELECT 1", ()))  # take the entity's lock before writing to it
+        self._pending.extend(statements)
+
+    def write(self, row: Row) -> None:
+        values = (_dump(row.value), row.version, row.expires_at, row.created_at, row.updated_at,
+                  row.prev_version)
+        entity = _entity_of(row.ns, row.key)
+        known = self._rows.get((row.ns, row.key))
+        if known is not None and known.live_at(self._now):
+            statements = [(self._sql.update, (*values, row.ns, row.key))]
+        elif known is None and ((row.ns, row.key) in self._rows or entity in self._complete):
+            statements = [(self._sql.insert, (row.ns, row.key, *values))]  # known to be absent
+        else:
+            # DELETE then INSERT, so a caller's fence on an expired row makes this wait for
+            # its commit; a live row in the way fails the INSERT (answered as contended).
+            statements = [(self._sql.delete_expired, (row.ns, row.key, self._now)),
+                          (self._sql.insert, (row.ns, row.key, *values))]
+        self._queue(entity, statements)
+        self._rows[(row.ns, row.key)] = row
+
+    def delete(self, ns: str, key: str) -> None:
+        statements = [(self._sql.delete, (ns, key))]
+        if ns == LOCKS_NS and "#" in key:
+            # Notified inside the transaction: waiters wake exactly when the release commits.
+            statements.append((self._sql.notify, (self._sql.channel, key.rsplit("#", 1)[0])))
+        self._queue(_entity_of(ns, key), statements)
+        self._rows[(ns, key)] = None
+
+    def next_version(self) -> int:
+        if self._spares:
+            return self._spares.pop(0)
+        records = self._ask(None, (self._sql.next_version, ()))
+        return int(records[0][0])
+
+    def commit_script(self) -> list[Statement]:
+        """What is left to send: the pending writes, then COMMIT."""
+        script, self._pending = self._pending, []
+        return [*script, ("COMMIT", ())]
+
+
+def _fetch_one(cur: psycopg.Cursor[Any]) -> Any:
+    record = cur.fetchone()
+    if record is None:  # pragma: no cover - these queries always return one row
+        raise EngineError("PostgreSQL returned no row where one was expected")
+    return record
+
+
+class PostgresStorage:
+    """``Storage`` over one PostgreSQL schema, through a pool shared by every thread of a client.
+
+    Args:
+        conninfo: a libpq connection string (it may hold a password: never logged).
+        where: the store's address without secrets, for messages.
+        schema: the schema holding the tables (created on first use).
+        timeout: seconds to wait for a connection.
+        min_size: connections the pool keeps open.
+        max_size: connections the pool may open.
+    """
+
+    def __init__(self, conninfo: str, *, where: str, schema: str, timeout: float,
+                 min_size: int, max_size: int) -> None:
+        self.sql = Statements(schema)
+        self.where = where
+        self._conninfo = conninfo
+        self._timeout = timeout
+        self._sizes = (min_size, max_size)
+        self._pool: Optional[psycopg_pool.ConnectionPool[psycopg.Connection[Any]]] = None
+        self._mutex = threading.Lock()
+        self._state = _CallState()
+        self._commits = 0
+        self._closed = False
+        self.connections: list[psycopg.Connection[Any]] = []
+
+    # ---- connections ---------------------------------------------------------------------
+
+    def connect(self, **overrides: Any) -> psycopg.Connection[Any]:
+        """A new connection outside the pool (migrations, LISTEN); driver errors propagate."""
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
+                                          cursor_factory=ClientCursor, **overrides)
+        self._track(conn)
+        return conn
+
+    def _track(self, conn: psycopg.Connection[Any]) -> None:
+        # Remembered so a forked child can detach from them without closing the parent's.
+        with self._mutex:
+            self.connections = [c for c in self.connections if not c.closed]
+            self.connections.append(conn)
+
+    def _open_pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+        with self._mutex:
+            pool = self._pool
+        if pool is not None:
+            return pool
+        with self._translated():
+            self._migrate()
+        with self._mutex:
+            if self._closed:
+                raise EngineError(f"PostgreSQL engine at {self.where} is closed")
+            if self._pool is None:
+                self._pool = psycopg_pool.ConnectionPool(
+                    self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
+                    kwargs={"autocommit": True, "cursor_factory": ClientCursor},
+                    configure=self._track, timeout=self._timeout, name="queen_sync",
+                    open=True)
+            return self._pool
+
+    def _migrate(self) -> None:
+        """Create or upgrade the schema; several processes may race here, so it is serialised."""
+        with self.connect() as conn:
+            with contextlib.suppress(psycopg.errors.UndefinedTable), conn.transaction():
+                record = conn.execute(self.sql.schema_version).fetchone()
+                if record is not None and record[0] >= SCHEMA_VERSION:
+                    return
+            with conn.transaction():
+                conn.execute(self.sql.lock, (self.sql.lock_class, 0))
+                conn.execute(self.sql.ddl)
+        log.info("queen_sync schema %r ready in PostgreSQL at %s", self.sql.schema, self.where)
+
+    def _checkout(self) -> psycopg.Connection[Any]:
+        pool = self._open_pool()
+        try:
+            return pool.getconn()
+        except psycopg_pool.PoolTimeout as exc:
+            raise self._why_unavailable(exc) from exc
+        except psycopg.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _why_unavailable(self, exc: psycopg.Error) -> QueenError:
+        """After a pool timeout, one direct attempt says why (refused, auth, ...) if it fails."""
+        try:
+            self.connect(connect_timeout=max(1, int(self._timeout))).close()
+        except psycopg.Error as probe:
+            return translate(probe, self.where)
+        return translate(exc, self.where)
+
+    def _checkin(self, conn: psycopg.Connection[Any]) -> None:
+        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                conn.close()
+        pool = self._pool
+        if pool is not None and not pool.closed:
+            pool.putconn(conn)
+        else:
+            conn.close()
+
+    # ---- transactions --------------------------------------------------------------------
+
+    def new_call(self, route: str, body: Any) -> None:
+        """Plan the coming call's transaction and forget the previous call's retries."""
+        self._state.plan = plan_for(route, body)
+        self._state.reconnected = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[PgTxn]:
+        conn = self._checkout()
+        try:
+            with self._body_failures(conn) as box:
+                box.append(PgTxn(conn.cursor(), self.sql, self._state.plan))
+                yield box[0]
+            self._commit(conn, box[0])
+        finally:
+            self._checkin(conn)
+        self._commits += 1
+        if self._commits % _SWEEP_EVERY == 0:
+            self._sweep()
+
+    @contextlib.contextmanager
+    def _body_failures(self, conn: psycopg.Connection[Any]) -> Iterator[list[PgTxn]]:
+        """Errors before COMMIT was sent: nothing committed, so some are worth a new attempt."""
+        box: list[PgTxn] = []
+        try:
+            yield box
+        except StorageConflict:
+            if box and box[0].missed:
+                self._state.plan.entities |= box[0].missed
+            raise
+        except _CONFLICTS as exc:
+            raise StorageConflict(str(exc)) from exc
+        except psycopg.OperationalError as exc:
+            if conn.broken and not self._state.reconnected:
+                # The connection died before COMMIT was sent: run the body once more afresh.
+                self._state.reconnected = True
+                log.info("PostgreSQL connection to %s lost (%s); retrying once", self.where,
+                         type(exc).__name__)
+                self._discard_dead()
+                raise StorageConflict("connection lost before commit") from exc
+            raise translate(exc, self.where) from exc
+        except psycopg.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    def _commit(self, conn: psycopg.Connection[Any], txn: PgTxn) -> None:
+        """Send the pending writes and COMMIT in one script; a lost connection is ambiguous."""
+        script = txn.commit_script()
+        try:
+            conn.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise EngineUnavailableError(
+                    f"PostgreSQL at {self.where}: the connection was lost during COMMIT, so "
+                    f"whether the call took effect is unknown: {exc}") from exc
+            # A server error stops the script before its COMMIT: nothing was committed.
+            if isinstance(exc, _CONFLICTS):
+                raise StorageConflict(str(exc)) from exc
+            raise translate(exc, self.where) from exc
+
+    def _discard_dead(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            with contextlib.suppress(psycopg.Error):
+                pool.check()
+
+    def _sweep(self) -> None:
+        """Delete a batch of expired rows; skips rows someone holds (a fence, a body)."""
+        try:
+            with self._open_pool().connection() as conn:
+                now = _fetch_one(conn.execute(_CLOCK))[0]
+                conn.execute(self.sql.sweep, (now,))
+        except psycopg.Error as exc:
+            log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
+
+    def notify_released(self, names: Sequence[str]) -> None:
+        """Nothing to do: ``delete`` notified inside the transaction that freed the permit."""
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise translate(exc, self.where) from exc
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def after_fork(self) -> None:
+        """In a forked child: detach from the parent's sockets, build a new pool when needed."""
+        with self._mutex:
+            pool, self._pool = self._pool, None
+            conns, self.connections = self.connections, []
+        detach(conns)
+        if pool is not None:
+            _ABANDONED.append(pool)
+        self._mutex = threading.Lock()
+        self._state = _CallState()
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(timeout=5.0)
+
+
+# Pools inherited across fork: never closed or collected in the child, as that would end the
+# parent's sessions.
+_ABANDONED: list[Any] = []
+
+
+def detach(conns: Sequence[psycopg.Connection[Any]]) -> None:
+    """Point a child's copies of the parent's sockets at /dev/null.
+
+    Whatever then closes them (garbage collection, interpreter exit) says goodbye to
+    /dev/null, not to the server, so the parent's sessions live on.
+    """
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for conn in conns:
+            with contextlib.suppress(psycopg.Error, OSError):
+                if not conn.closed:
+                    os.dup2(devnull, conn.pgconn.socket)
+    finally:
+        os.close(devnull)

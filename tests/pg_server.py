@@ -1,0 +1,215 @@
+"""A throwaway PostgreSQL server for tests and benchmarks.
+
+``PgServer`` runs ``initdb`` and ``pg_ctl`` in a temporary directory, on a free
+127.0.0.1 port, as an unprivileged user when run as root (PostgreSQL refuses to
+run as root), and removes everything when stopped. The session fixture
+``pg_url`` shares one server among all tests; fault tests that restart or stop
+a server make their own with ``PgServer.start_new()``.
+
+When the server binaries are missing the tests skip, unless the environment
+sets ``QUEEN_SYNC_REQUIRE_PG=1`` (CI does): then they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from typing import Iterator, Optional, Sequence
+
+import pytest
+
+SUPERUSER = "queen"
+_SYSTEM_USERS = ("postgres", "queen_sync_pg")
+_shared: Optional[PgServer] = None
+_shared_users = 0
+_shared_mutex = threading.Lock()
+
+
+def require_pg() -> bool:
+    return os.environ.get("QUEEN_SYNC_REQUIRE_PG") == "1"
+
+
+def missing(reason: str) -> None:
+    """Skip, or fail when CI requires PostgreSQL."""
+    if require_pg():
+        pytest.fail(f"QUEEN_SYNC_REQUIRE_PG=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def find_bin_dir() -> Optional[str]:
+    """The folder holding ``initdb`` and ``pg_ctl``: PATH first, then Debian's layout."""
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return os.path.dirname(os.path.realpath(initdb))
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                        key=lambda p: _version_key(p.split("/")[-3]), reverse=True)
+    return os.path.dirname(candidates[0]) if candidates else None
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _unprivileged_user() -> Optional[str]:
+    """None when not root; else a system user to run the server as (created if needed)."""
+    if os.geteuid() != 0:
+        return None
+    for name in _SYSTEM_USERS:
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                    _SYSTEM_USERS[-1]], check=True, capture_output=True)
+    return _SYSTEM_USERS[-1]
+
+
+class PgServer:
+    """One PostgreSQL cluster in a temporary folder; ``url`` carries a real password."""
+
+    def __init__(self, bin_dir: str, *, fsync: bool = False) -> None:
+        self.bin_dir = bin_dir
+        self.fsync = fsync
+        self.user = _unprivileged_user()
+        self.root = tempfile.mkdtemp(prefix="queen_sync_pg_")
+        self.data = os.path.join(self.root, "data")
+        self.log = os.path.join(self.root, "server.log")
+        self.port = free_port()
+        self.password = "pw-" + secrets.token_hex(8)
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        os.chmod(self.root, 0o700)
+
+    @classmethod
+    def start_new(cls, *, fsync: bool = False) -> PgServer:
+        """Initialise and start a server, or skip/fail when PostgreSQL is not installed."""
+        bin_dir = find_bin_dir()
+        if bin_dir is None:
+            missing("PostgreSQL server binaries (initdb, pg_ctl) were not found")
+        assert bin_dir is not None
+        server = cls(bin_dir, fsync=fsync)
+        try:
+            server.initdb()
+            server.start()
+        except BaseException:
+            server.destroy()
+            raise
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [os.path.join(self.bin_dir, args[0]), *args[1:]]
+        if self.user is not None:
+            command = ["runuser", "-u", self.user, "--", *command]
+        return subprocess.run(command, check=check, capture_output=True, text=True,
+                              cwd=self.root, timeout=120)
+
+    def initdb(self) -> None:
+        pwfile = os.path.join(self.root, "pw")
+        with open(pwfile, "w", encoding="utf-8") as handle:
+            handle.write(self.password + "\n")
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        try:
+            self._run(["initdb", "-D", self.data, "-U", SUPERUSER, "--pwfile", pwfile,
+                       "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
+                       "--no-sync"])
+        finally:
+            os.unlink(pwfile)
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                   f"-c max_connections=300 -c fsync={'on' if self.fsync else 'off'} "
+                   "-c full_page_writes=off -c deadlock_timeout=200ms")
+        result = self._run(["pg_ctl", "-D", self.data, "-l", self.log, "-o", options,
+                            "-w", "-t", "60", "start"], check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {result.stderr}\n{self.server_log()}")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: disconnect clients; ``immediate``: like a crash)."""
+        self._run(["pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop"],
+                  check=False)
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def server_log(self) -> str:
+        with contextlib.suppress(OSError), open(self.log, encoding="utf-8") as handle:
+            return handle.read()[-4000:]
+        return ""
+
+    def terminate_backends(self, application_name: str) -> int:
+        """``pg_terminate_backend`` every session with this application name; how many."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (application_name,)).fetchall()
+        return sum(1 for (done,) in rows if done)
+
+    def destroy(self) -> None:
+        """Stop the server if running and remove its folder."""
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _acquire_shared() -> PgServer:
+    global _shared, _shared_users
+    with _shared_mutex:
+        if _shared is None:
+            _shared = PgServer.start_new()
+        _shared_users += 1
+        return _shared
+
+
+def _release_shared() -> None:
+    global _shared, _shared_users
+    with _shared_mutex:
+        _shared_users -= 1
+        if _shared_users == 0 and _shared is not None:
+            _shared.destroy()
+            _shared = None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's shared PostgreSQL server (do not stop or restart it: use your own)."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        missing("psycopg and psycopg_pool are not installed (pip install 'queen-sync[postgres]')")
+    server = _acquire_shared()
+    try:
+        yield server
+    finally:
+        _release_shared()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: PgServer) -> str:
+    """URL of the session's shared PostgreSQL server, with a real password."""
+    return pg_server.url
