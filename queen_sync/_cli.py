@@ -113,18 +113,16 @@ def _wait(text: str) -> float:
     return 0.0 if text.strip() == "0" else _duration("--wait")(text)
 
 
-def _exit_code(text: str) -> int:
-    code = int(text)
-    if not 0 <= code <= 255:
-        raise argparse.ArgumentTypeError(f"an exit code is 0..255, got {code}")
-    return code
+def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"must be {low}..{high}, got {value}" if high is not None
+                else f"must be >= {low}, got {value}")
+        return value
 
-
-def _limit(text: str) -> int:
-    limit = int(text)
-    if not 1 <= limit <= 1024:
-        raise argparse.ArgumentTypeError(f"--limit is 1..1024, got {limit}")
-    return limit
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,9 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lease lifetime, renewed at a third of it (default 5m)")
     run.add_argument("--wait", type=_wait, default=0.0,
                      help="how long to wait for a busy lease (default 0: do not wait)")
-    run.add_argument("--limit", type=_limit, default=1,
+    run.add_argument("--limit", type=_int(1, 1024), default=1,
                      help="permits of NAME (a semaphore when > 1; default 1)")
-    run.add_argument("--busy-exit-code", type=_exit_code, default=EX_BUSY,
+    run.add_argument("--busy-exit-code", type=_int(0, 255), default=EX_BUSY,
                      help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
     run.add_argument("--grace", type=_duration("--grace"), default=10.0,
                      help="after a lost lease, SIGTERM then SIGKILL this much later (default 10s)")
@@ -166,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="release a permit by its token (break-glass)",
         description="Release the permit of NAME held at TOKEN.")
     release.add_argument("name", metavar="NAME")
-    release.add_argument("--token", type=int, required=True, help="the holder's token")
-    release.add_argument("--slot", type=int, default=None, help="the permit's slot")
+    release.add_argument("--token", type=_int(1), required=True, help="the holder's token")
+    release.add_argument("--slot", type=_int(0, 1023), default=None, help="the permit's slot")
     commands.add_parser(
         "ping", parents=[common], formatter_class=_Help, epilog=_PING_EPILOG,
         help="check the engine: one acquire and release of a probe lock",
@@ -199,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except EngineError as exc:
         print(f"queen-sync: engine unavailable: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE
-    except QueenError as exc:
+    except (QueenError, ValueError) as exc:  # e.g. a lock name the engine refuses
         print(f"queen-sync: {exc}", file=sys.stderr)
         return 2
     finally:
