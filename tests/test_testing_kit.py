@@ -1,0 +1,214 @@
+"""queen_sync.testing: the brokers users test against, their faults, and the stale-write checks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+import queen_sync as qs
+import queen_sync.testing as testing
+from queen_sync.testing import FakeBroker, LocalBroker, TokenLedger
+
+HOWTO = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "testing.md"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeBroker]:
+    with FakeBroker() as broker:
+        yield broker
+
+
+class TestThePublicSurface:
+    def test_the_module_exports_exactly_the_kit(self) -> None:
+        assert testing.__all__ == ["FakeBroker", "FaultPlan", "LocalBroker", "TokenLedger"]
+        assert testing.__all__ == sorted(testing.__all__), "__all__ is sorted"
+
+    def test_importing_queen_sync_does_not_import_requests_or_the_kit(self) -> None:
+        code = ("import sys, queen_sync; "
+                "print(sorted(m for m in ('requests', 'responses', 'queen_sync.testing', "
+                "'queen_sync._http') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        assert out == "[]", f"imported eagerly: {out}"
+
+
+class TestFakeBroker:
+    def test_it_answers_every_route_with_the_embedded_semantics(self, fake: FakeBroker) -> None:
+        with fake.client() as q:
+            lock = q.lock("job", ttl=30)
+            assert lock.acquire() and not q.lock("job", ttl=30).acquire()
+            put = q.kv.put("app", "k", 1, forever=True)
+            answer = q.transaction().guard(lock).kv.put("app", "k", 2, forever=True,
+                                                        expect=put["version"]).commit()
+            assert answer and q.kv.get("app", "k")["value"] == 2, answer
+        # acquire, the refused acquire, and the release at close
+        assert dict(fake.calls) == {"locks": 3, "kv": 2, "transaction": 1}, dict(fake.calls)
+
+    def test_it_refuses_calls_to_other_urls_while_it_runs(self, fake: FakeBroker) -> None:
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.post("http://elsewhere.test/api/v1/kv", json={}, timeout=1)
+
+    def test_a_stopped_fake_unpatches_requests(self) -> None:
+        broker = FakeBroker().start()
+        broker.close()
+        with qs.Queen(broker.url, timeout=0.2, retries=0) as q, \
+                pytest.raises(qs.EngineUnavailableError):
+            q.locks.get("job")
+
+    def test_a_token_protected_fake_refuses_a_missing_token(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("QUEEN_TOKEN", raising=False)
+        with FakeBroker(token="t") as broker:
+            with qs.Queen(broker.url) as q, pytest.raises(qs.QueenHttpError) as caught:
+                q.locks.get("job")
+            assert (caught.value.status, caught.value.reason) == (401, "no_token")
+            with broker.client() as q:
+                assert not q.locks.get("job"), "the client of the broker carries its token"
+
+
+class TestFaultPlans:
+    def test_faults_are_taken_in_order_and_only_by_their_route(self, fake: FakeBroker) -> None:
+        fake.faults.fail_next(1, status=500, route="kv").fail_next(1, status=418, route="kv")
+        with fake.client() as q:
+            assert not q.locks.get("job"), "a kv fault leaves lock calls alone"
+            with pytest.raises(qs.QueenHttpError) as first:
+                q.kv.put("app", "k", 1, forever=True)
+            with pytest.raises(qs.QueenHttpError) as second:
+                q.kv.put("app", "k", 1, forever=True)
+        assert (first.value.status, second.value.status) == (500, 418)
+        assert fake.faults.injected["status"] == 2
+
+    def test_a_delay_answers_correctly_but_late(self, fake: FakeBroker) -> None:
+        import time
+
+        fake.faults.delay_next(1, seconds=0.15)
+        with fake.client() as q:
+            started = time.monotonic()
+            assert q.kv.incr("app", "n", forever=True)["value"] == 1
+        assert time.monotonic() - started >= 0.15
+
+    def test_chaos_hits_about_its_rate_and_clear_stops_it(self, fake: FakeBroker) -> None:
+        fake.faults.chaos(0.3, kinds=("delay",), seed=1)
+        for _ in range(200):
+            fake.faults.take("kv")
+        hits = fake.faults.injected["delay"]
+        assert 40 <= hits <= 80, f"about 30% of 200 calls, got {hits}"
+        fake.faults.clear()
+        assert fake.faults.take("kv") is None
+
+    @pytest.mark.parametrize("call", [
+        lambda f: f.fail_next(0), lambda f: f.chaos(1.5), lambda f: f.chaos(0.1, kinds=()),
+        lambda f: f.fail_next(1, route="queues"),
+    ])
+    def test_a_bad_fault_is_refused_when_queued(self, fake: FakeBroker, call) -> None:  # type: ignore[no-untyped-def]
+        with pytest.raises(ValueError):
+            call(fake.faults)
+
+    def test_a_local_broker_cannot_fake_a_refused_connection(self) -> None:
+        broker = LocalBroker()
+        with pytest.raises(ValueError, match="refuse"):
+            broker.faults.refuse_next(1)
+        broker.close()
+
+
+class TestLocalBroker:
+    def test_a_restart_keeps_the_port_the_file_and_the_rising_tokens(self) -> None:
+        with LocalBroker() as broker, broker.client() as q:
+            url = broker.url
+            first = q.locks.acquire("job", ttl_seconds=30, owner="a")
+            broker.stop()
+            assert not broker.running and "stopped" in repr(broker)
+            broker.start()
+            assert broker.url == url, "same port after a restart"
+            assert q.locks.get("job")["holders"][0]["token"] == first["token"], "same file"
+            q.locks.release("job", token=first["token"])
+            assert q.locks.acquire("job", ttl_seconds=30, owner="b")["token"] > first["token"]
+
+    def test_several_processes_share_one_local_broker(self) -> None:
+        code = ("import sys, queen_sync as qs; q = qs.Queen(sys.argv[1]); "
+                "print(q.kv.incr('app', 'n', forever=True)['value']); q.close()")
+        with LocalBroker() as broker:
+            procs = [subprocess.Popen([sys.executable, "-c", code, broker.url],
+                                      stdout=subprocess.PIPE, text=True) for _ in range(3)]
+            values = sorted(int(p.communicate(timeout=60)[0]) for p in procs)
+        assert values == [1, 2, 3], f"three processes, one store: {values}"
+
+    def test_a_temporary_file_is_removed_at_close(self) -> None:
+        broker = LocalBroker().start()
+        path = Path(broker.path)
+        assert path.exists()
+        broker.close()
+        assert not path.exists(), "the broker's own temporary file is cleaned up"
+
+
+class TestPausedHolders:
+    def test_a_paused_holder_still_believes_but_its_guarded_write_is_fenced(
+        self, fake: FakeBroker
+    ) -> None:
+        with fake.client() as q:
+            old = q.lock("export", ttl=30)
+            assert old.acquire()
+            with fake.paused(old):
+                assert old.held, "the paused handle has not noticed"
+                new = q.lock("export", ttl=30)
+                assert new.acquire(), "its permit is over on the broker"
+                assert new.token is not None and old.token is not None
+                assert new.token > old.token
+                answer = q.transaction().guard(old).kv.put("out", "r", 1, forever=True).commit()
+                assert not answer and answer["reason"] == "kv_precondition", answer
+            assert old.lost.wait(2) and old.lost_reason in ("renew", "guard"), repr(old)
+            assert not q.kv.get("out", "r"), "the stale write did not land"
+        fake.assert_no_stale_writes()
+
+    def test_pausing_a_lock_not_held_is_refused(self, fake: FakeBroker) -> None:
+        with fake.client() as q, pytest.raises(ValueError, match="not held"), \
+                fake.paused(q.lock("job", ttl=30)):
+            pass
+
+    def test_the_broker_check_fails_on_a_superseded_guarded_commit(self,
+                                                                   fake: FakeBroker) -> None:
+        fake.core._guarded.extend([("job#0", 9), ("job#0", 5)])
+        with pytest.raises(AssertionError, match="token 5 after one with token 9"):
+            fake.assert_no_stale_writes()
+
+
+class TestTokenLedger:
+    def test_equal_and_rising_tokens_pass(self) -> None:
+        ledger = TokenLedger()
+        for token in (3, 3, 7, 7, 9):
+            ledger.record(token)
+        ledger.assert_no_stale_writes()
+        assert ledger.tokens == [3, 3, 7, 7, 9]
+
+    def test_a_lower_token_after_a_higher_one_fails_naming_both(self) -> None:
+        ledger = TokenLedger()
+        ledger.record(7, "new holder")
+        ledger.record(3, "paused holder")
+        with pytest.raises(AssertionError, match=r"token 3 \('paused holder'\) after token 7"):
+            ledger.assert_no_stale_writes()
+
+    @pytest.mark.parametrize("token", [None, "3", True, 2.0])
+    def test_a_token_that_is_not_an_int_is_refused(self, token: object) -> None:
+        with pytest.raises(TypeError):
+            TokenLedger().record(token)  # type: ignore[arg-type]
+
+
+def howto_samples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", HOWTO.read_text(encoding="utf-8"), re.S)
+
+
+class TestTheHowTo:
+    def test_the_page_has_its_samples(self) -> None:
+        assert len(howto_samples()) == 6, "a sample was added or lost: update this count"
+
+    @pytest.mark.parametrize("index", range(6))
+    def test_each_sample_runs(self, index: int) -> None:
+        sample = howto_samples()[index]
+        exec(compile(sample, f"{HOWTO.name}[{index}]", "exec"), {"__name__": "howto"})
