@@ -211,7 +211,12 @@ class HttpEngine(Engine):
                                 "User-Agent": f"queen-sync/{__version__}", **self._headers})
         if self._token is not None:
             session.headers["Authorization"] = f"Bearer {self._token.reveal()}"
-        session.verify = self._verify
+        # The environment is read once here, not on every call, and never for .netrc
+        # credentials, which requests would otherwise put in place of the bearer header.
+        session.trust_env = False
+        self._proxies = {base: requests.utils.get_environ_proxies(base) for base in self._bases}
+        env_ca = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        session.verify = (env_ca or True) if self._verify is True else self._verify
         return session
 
     @property
@@ -230,7 +235,7 @@ class HttpEngine(Engine):
                 self._pause(attempt, failure)
             base = self._bases[self._current]
             try:
-                response = self._post(base + path, payload)
+                response = self._post(base, path, payload)
             except requests.exceptions.RequestException as exc:
                 failure = transport_error(route, base, exc)
                 if isinstance(exc, requests.exceptions.SSLError):
@@ -253,11 +258,11 @@ class HttpEngine(Engine):
         assert failure is not None
         raise failure
 
-    def _post(self, url: str, payload: bytes) -> requests.Response:
+    def _post(self, base: str, path: str, payload: bytes) -> requests.Response:
         with self._count_lock:
             self.requests_sent += 1
-        return self._session.post(url, data=payload, timeout=self._timeout,
-                                  allow_redirects=False)
+        return self._session.post(base + path, data=payload, timeout=self._timeout,
+                                  proxies=self._proxies[base], allow_redirects=False)
 
     def _fail_over(self, base: str) -> None:
         if len(self._bases) > 1 and self._bases[self._current] == base:

@@ -212,6 +212,17 @@ class TestHeaders:
             q.kv.get("app", "k")
         assert "Authorization" not in wire.sent[-1].headers, wire.sent[-1].headers
 
+    def test_a_netrc_entry_never_replaces_the_bearer_header(
+        self, wire: Wire, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        netrc = tmp_path / ".netrc"
+        netrc.write_text("machine broker.test login user password pw\n")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+        with qs.Queen(BASE, bearer_token=TOKEN) as q:
+            q.kv.get("app", "k")
+        assert wire.sent[-1].headers["Authorization"] == f"Bearer {TOKEN}"
+
     def test_extra_headers_are_sent_on_every_call(self, wire: Wire) -> None:
         with qs.Queen(BASE, headers={"X-Tenant": "blue"}) as q:
             q.kv.get("app", "k")
