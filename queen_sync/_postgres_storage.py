@@ -40,6 +40,7 @@ from ._storage import Row, StorageConflict
 log = logging.getLogger("queen_sync")
 
 SCHEMA_VERSION = 1
+_POOL_WAIT = 0.25
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 1000
 _CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -200,6 +201,7 @@ _MINTS = frozenset({"acquire", "renew", "put", "putIfAbsent", "incr"})
 _KEYED = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
 
 Statement = tuple[str, Sequence[Any]]
+_Pool = psycopg_pool.ConnectionPool[psycopg.Connection[Any]]
 
 
 @dataclass
@@ -297,14 +299,13 @@ class PgTxn:
         """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
         script, self._pending = self._pending, []
         locking = entity is not None and entity not in self._held
-        if locking:
+        if entity is not None and locking:
             # Waiting while holding a lock could deadlock with another body: only try.
             lock = self._sql.try_lock if self._held else self._sql.lock
             script.append((lock, (self._sql.lock_class, _entity_key(entity))))
         script.append(query)
         results = self._roundtrip(script)
-        if locking:
-            assert entity is not None
+        if entity is not None and locking:
             if self._held and not results[-2][1][0][0]:
                 self.missed = {*self._held, entity}
                 raise StorageConflict("another body holds this name; retrying in lock order")
@@ -350,8 +351,9 @@ class PgTxn:
         self._pending.extend(statements)
 
     def write(self, row: Row) -> None:
-        values = (_dump(row.value), row.version, row.expires_at, row.created_at, row.updated_at,
-                  row.prev_version)
+        values: tuple[Any, ...] = (_dump(row.value), row.version, row.expires_at,
+                                   row.created_at, row.updated_at, row.prev_version)
+        statements: list[Statement]
         entity = _entity_of(row.ns, row.key)
         known = self._rows.get((row.ns, row.key))
         if known is not None and known.live_at(self._now):
@@ -367,7 +369,7 @@ class PgTxn:
         self._rows[(row.ns, row.key)] = row
 
     def delete(self, ns: str, key: str) -> None:
-        statements = [(self._sql.delete, (ns, key))]
+        statements: list[Statement] = [(self._sql.delete, (ns, key))]
         if ns == LOCKS_NS and "#" in key:
             # Notified inside the transaction: waiters wake exactly when the release commits.
             statements.append((self._sql.notify, (self._sql.channel, key.rsplit("#", 1)[0])))
@@ -412,7 +414,7 @@ class PostgresStorage:
         self._conninfo = conninfo
         self._timeout = timeout
         self._sizes = (min_size, max_size)
-        self._pool: Optional[psycopg_pool.ConnectionPool[psycopg.Connection[Any]]] = None
+        self._pool: Optional[_Pool] = None
         self._mutex = threading.Lock()
         self._state = _CallState()
         self._commits = 0
@@ -434,7 +436,7 @@ class PostgresStorage:
             self.connections = [c for c in self.connections if not c.closed]
             self.connections.append(conn)
 
-    def _open_pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+    def _open_pool(self) -> _Pool:
         with self._mutex:
             pool = self._pool
         if pool is not None:
@@ -464,30 +466,27 @@ class PostgresStorage:
                 conn.execute(self.sql.ddl)
         log.info("queen_sync schema %r ready in PostgreSQL at %s", self.sql.schema, self.where)
 
-    def _checkout(self) -> psycopg.Connection[Any]:
+    def _checkout(self) -> tuple[psycopg.Connection[Any], Optional[_Pool]]:
+        """A connection, and the pool it came from (None: opened for this call alone)."""
         pool = self._open_pool()
         try:
-            return pool.getconn()
-        except psycopg_pool.PoolTimeout as exc:
-            raise self._why_unavailable(exc) from exc
+            return pool.getconn(timeout=_POOL_WAIT), pool
+        except psycopg_pool.PoolTimeout:
+            pass  # the pool is busy, or reconnecting with back-off after an outage
+        except psycopg.Error as exc:
+            raise translate(exc, self.where) from exc
+        # Connecting here, now, answers at once: a connection, or libpq's reason why not.
+        try:
+            return self.connect(), None
         except psycopg.Error as exc:
             raise translate(exc, self.where) from exc
 
-    def _why_unavailable(self, exc: psycopg.Error) -> QueenError:
-        """After a pool timeout, one direct attempt says why (refused, auth, ...) if it fails."""
-        try:
-            self.connect(connect_timeout=max(1, int(self._timeout))).close()
-        except psycopg.Error as probe:
-            return translate(probe, self.where)
-        return translate(exc, self.where)
-
-    def _checkin(self, conn: psycopg.Connection[Any]) -> None:
+    def _checkin(self, conn: psycopg.Connection[Any], pool: Optional[_Pool]) -> None:
         if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.close()
-        pool = self._pool
         if pool is not None and not pool.closed:
             pool.putconn(conn)
         else:
@@ -502,14 +501,14 @@ class PostgresStorage:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[PgTxn]:
-        conn = self._checkout()
+        conn, pool = self._checkout()
         try:
             with self._body_failures(conn) as box:
                 box.append(PgTxn(conn.cursor(), self.sql, self._state.plan))
                 yield box[0]
             self._commit(conn, box[0])
         finally:
-            self._checkin(conn)
+            self._checkin(conn, pool)
         self._commits += 1
         if self._commits % _SWEEP_EVERY == 0:
             self._sweep()

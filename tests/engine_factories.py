@@ -25,7 +25,15 @@ def _http(request: pytest.FixtureRequest) -> str:
     return broker.url
 
 
+def _postgres(request: pytest.FixtureRequest) -> str:
+    """A fresh schema on the session's PostgreSQL server."""
+    import secrets
+
+    return str(request.getfixturevalue("pg_url")) + "?schema=t_" + secrets.token_hex(6)
+
+
 ENGINE_FACTORIES: dict[str, EngineFactory] = {
     "sqlite": _sqlite,
     "http": _http,
+    "postgres": _postgres,
 }
