@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import QUEEN_SYNC, REPO, Cli, child_waiting_for, wait_for
+from cli_helpers import (
+    QUEEN_SYNC,
+    REPO,
+    Cli,
+    child_waiting_for,
+    cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
+    wait_for,
+)
 
 import queen_sync as qs
 

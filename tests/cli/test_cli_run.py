@@ -10,7 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Cli, child_waiting_for, wait_for
+from cli_helpers import (
+    Cli,
+    child_waiting_for,
+    cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
+    wait_for,
+)
 
 LOST_EXIT = 76
 BUSY_EXIT = 75

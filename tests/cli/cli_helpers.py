@@ -1,0 +1,81 @@
+"""Helpers for running the real ``queen-sync`` command (``python -m queen_sync``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+QUEEN_SYNC = [sys.executable, "-m", "queen_sync"]
+
+
+def child_waiting_for(go: Path, report: Path) -> list[str]:
+    """A child command that writes its QUEEN_LOCK_* environment to ``report``, then waits for
+    ``go`` to exist (20 s at most)."""
+    code = (
+        "import json, os, pathlib, time\n"
+        f"pathlib.Path({str(report)!r}).write_text(json.dumps("
+        "{k: v for k, v in os.environ.items() if k.startswith('QUEEN_LOCK_')}))\n"
+        "deadline = time.time() + 20\n"
+        f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.02)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cli:
+    """Starts ``queen-sync`` processes with QUEEN_URL set to one test's SQLite file."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.env = dict(os.environ, QUEEN_URL=url,
+                        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                                 os.environ.get("PYTHONPATH")])))
+        self.started: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen([*QUEEN_SYNC, *args], env=self.env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.started.append(process)
+        return process
+
+    def run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*QUEEN_SYNC, *args], env=self.env, text=True,
+                              capture_output=True, timeout=timeout, check=False)
+
+    def holders(self, name: str) -> list[dict[str, Any]]:
+        done = self.run("holders", name, "--json")
+        assert done.returncode == 0, f"holders failed: {done.stderr}"
+        rows: list[dict[str, Any]] = json.loads(done.stdout)
+        return rows
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=10)
+
+
+@pytest.fixture(name="cli")
+def cli_fixture(sqlite_url: str) -> Iterator[Cli]:
+    """``queen-sync`` processes sharing this test's SQLite file (killed at the end)."""
+    runner = Cli(sqlite_url)
+    yield runner
+    runner.stop_all()
