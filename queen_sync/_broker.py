@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
+import tempfile
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from ._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
 from ._ops import LOCKS_NS
@@ -286,10 +288,20 @@ def _guards(body: Mapping[str, Any]) -> list[tuple[str, int]]:
             if op.get("op") == "check" and op.get("ns") == LOCKS_NS and op.get("required")]
 
 
-class BrokerTools:
-    """What both test brokers offer a test: a client, a paused holder, the stale-write check."""
+_B = TypeVar("_B", bound="BrokerTools")
 
-    faults: FaultPlan
+
+class BrokerTools:
+    """What both test brokers share: a store, faults, a client, a paused holder, the checks."""
+
+    def __init__(self, path: Optional[str], *, token: Optional[str], kinds: Sequence[str],
+                 prefix: str) -> None:
+        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+        if path is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
+            path = os.path.join(self._tmp.name, "broker.db")
+        self.faults = FaultPlan(kinds)
+        self._core = BrokerCore(path, token=token, faults=self.faults)
 
     @property
     def url(self) -> str:
@@ -297,7 +309,31 @@ class BrokerTools:
 
     @property
     def core(self) -> BrokerCore:
+        return self._core
+
+    @property
+    def path(self) -> str:
+        """The SQLite file behind the broker."""
+        return self._core.path
+
+    def start(self: _B) -> _B:
         raise NotImplementedError  # pragma: no cover - each broker defines it
+
+    def stop(self) -> None:
+        raise NotImplementedError  # pragma: no cover - each broker defines it
+
+    def close(self) -> None:
+        """Stop, and remove the temporary file if the broker made one."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self: _B) -> _B:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     @property
     def calls(self) -> Counter[str]:

@@ -6,8 +6,6 @@ the embedded engine on an SQLite file, and calls to any other URL fail.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from typing import Any, Optional, Union
 
@@ -15,7 +13,7 @@ import requests
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 from urllib3.exceptions import ProtocolError as Urllib3ProtocolError
 
-from ._broker import PATHS, BrokerCore, BrokerTools, Fault, FaultPlan, Reply
+from ._broker import FAULT_KINDS, PATHS, BrokerTools, Fault, Reply
 
 _Answer = Union[Exception, tuple[int, dict[str, str], bytes]]
 
@@ -39,21 +37,12 @@ class FakeBroker(BrokerTools):
     def __init__(self, url: str = "http://queen.test:6632", *, path: Optional[str] = None,
                  token: Optional[str] = None) -> None:
         self._url = url.rstrip("/")
-        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
-        if path is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="queen-fake-broker-")
-            path = os.path.join(self._tmp.name, "broker.db")
-        self.faults = FaultPlan()
-        self._core = BrokerCore(path, token=token, faults=self.faults)
+        super().__init__(path, token=token, kinds=FAULT_KINDS, prefix="queen-fake-broker-")
         self._mock: Any = None
 
     @property
     def url(self) -> str:
         return self._url
-
-    @property
-    def core(self) -> BrokerCore:
-        return self._core
 
     def start(self) -> FakeBroker:
         """Start answering (``requests`` is patched until ``stop``)."""
@@ -77,18 +66,6 @@ class FakeBroker(BrokerTools):
             mock.stop()
             mock.reset()
         self._core.close()
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> FakeBroker:
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     def _callback(self, request: requests.PreparedRequest) -> _Answer:
         path = "/" + (request.path_url or "").lstrip("/")

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
-from ._broker import BrokerCore, BrokerTools, Fault, FaultPlan, Reply
+from ._broker import BrokerCore, BrokerTools, Fault, Reply
 
 log = logging.getLogger("queen_sync")
 
@@ -132,19 +130,10 @@ class LocalBroker(BrokerTools):
 
     def __init__(self, path: Optional[str] = None, *, port: int = 0,
                  token: Optional[str] = None) -> None:
-        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
-        if path is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="queen-local-broker-")
-            path = os.path.join(self._tmp.name, "broker.db")
-        self.faults = FaultPlan(LOCAL_FAULTS)
-        self._core = BrokerCore(path, token=token, faults=self.faults)
+        super().__init__(path, token=token, kinds=LOCAL_FAULTS, prefix="queen-local-broker-")
         self._port = port
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
-
-    @property
-    def path(self) -> str:
-        return self._core.path
 
     @property
     def url(self) -> str:
@@ -155,10 +144,6 @@ class LocalBroker(BrokerTools):
     @property
     def running(self) -> bool:
         return self._server is not None
-
-    @property
-    def core(self) -> BrokerCore:
-        return self._core
 
     def start(self) -> LocalBroker:
         """Listen (again) on the same port, serving the same file."""
@@ -184,19 +169,6 @@ class LocalBroker(BrokerTools):
         if self._thread is not None:
             self._thread.join(5)
         self._core.close()
-
-    def close(self) -> None:
-        """Stop, and remove the temporary file if the broker made one."""
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> LocalBroker:
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = f"on {self.url}" if self.running else "stopped"
