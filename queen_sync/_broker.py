@@ -18,6 +18,7 @@ another method ``405``, a body that is not a JSON object ``400``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import logging
@@ -291,7 +292,7 @@ def _guards(body: Mapping[str, Any]) -> list[tuple[str, int]]:
 _B = TypeVar("_B", bound="BrokerTools")
 
 
-class BrokerTools:
+class BrokerTools(abc.ABC):
     """What both test brokers share: a store, faults, a client, a paused holder, the checks."""
 
     def __init__(self, path: Optional[str], *, token: Optional[str], kinds: Sequence[str],
@@ -304,8 +305,9 @@ class BrokerTools:
         self._core = BrokerCore(path, token=token, faults=self.faults)
 
     @property
+    @abc.abstractmethod
     def url(self) -> str:
-        raise NotImplementedError  # pragma: no cover - each broker defines it
+        """The broker's URL, for ``Queen(url)``."""
 
     @property
     def core(self) -> BrokerCore:
@@ -316,11 +318,13 @@ class BrokerTools:
         """The SQLite file behind the broker."""
         return self._core.path
 
+    @abc.abstractmethod
     def start(self: _B) -> _B:
-        raise NotImplementedError  # pragma: no cover - each broker defines it
+        """Start answering; returns the broker."""
 
+    @abc.abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError  # pragma: no cover - each broker defines it
+        """Stop answering (the store is kept)."""
 
     def close(self) -> None:
         """Stop, and remove the temporary file if the broker made one."""
