@@ -176,37 +176,35 @@ class PgServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _acquire_shared() -> PgServer:
+@contextlib.contextmanager
+def shared_server() -> Iterator[PgServer]:
+    """The one server shared by every user in this process, stopped after the last one."""
     global _shared, _shared_users
-    with _shared_mutex:
-        if _shared is None:
-            _shared = PgServer.start_new()
-        _shared_users += 1
-        return _shared
-
-
-def _release_shared() -> None:
-    global _shared, _shared_users
-    with _shared_mutex:
-        _shared_users -= 1
-        if _shared_users == 0 and _shared is not None:
-            _shared.destroy()
-            _shared = None
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """The session's shared PostgreSQL server (do not stop or restart it: use your own)."""
     try:
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError:
         missing("psycopg and psycopg_pool are not installed (pip install 'queen-sync[postgres]')")
-    server = _acquire_shared()
+    with _shared_mutex:
+        if _shared is None:
+            _shared = PgServer.start_new()
+        _shared_users += 1
+        server = _shared
     try:
         yield server
     finally:
-        _release_shared()
+        with _shared_mutex:
+            _shared_users -= 1
+            if _shared_users == 0 and _shared is not None:
+                _shared.destroy()
+                _shared = None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's shared PostgreSQL server (do not stop or restart it: use your own)."""
+    with shared_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

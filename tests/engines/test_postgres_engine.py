@@ -1,0 +1,407 @@
+"""What is particular to the PostgreSQL engine: URLs, secrets, errors, schema, wake-up, fence."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import multiprocessing
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from pg_server import PgServer, free_port, require_pg, shared_server
+
+if not require_pg():
+    pytest.importorskip("psycopg")
+import psycopg
+import psycopg_pool
+
+import queen_sync as qs
+from queen_sync import _postgres, _postgres_storage
+from queen_sync._postgres import PostgresEngine
+
+pytestmark = pytest.mark.timeout(60)
+CTX = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    with shared_server() as running:
+        yield running
+
+
+@pytest.fixture
+def base_url(server: PgServer) -> str:
+    return server.url
+
+
+@pytest.fixture
+def url(base_url: str) -> str:
+    """A fresh, empty schema."""
+    return f"{base_url}?schema=t_{secrets.token_hex(6)}"
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[PostgresEngine]:
+    eng = PostgresEngine.from_url(url)
+    yield eng
+    eng.close()
+
+
+def acquire(engine: PostgresEngine, name: str, owner: str, ttl: int = 30,
+            limit: int = 1) -> dict[str, Any]:
+    op = {"op": "acquire", "name": name, "ttlSeconds": ttl, "owner": owner}
+    if limit > 1:
+        op["limit"] = limit
+    return engine.call("locks", {"operations": [op]})["results"][0]
+
+
+def release(engine: PostgresEngine, name: str, answer: dict[str, Any]) -> dict[str, Any]:
+    op = {"op": "release", "name": name, "token": answer["token"], "slot": answer["slot"]}
+    return engine.call("locks", {"operations": [op]})["results"][0]
+
+
+class TestUrlsAndSecrets:
+    def test_the_password_shows_nowhere_in_the_url_or_repr(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        assert server.password not in engine.url, engine.url
+        assert server.password not in repr(engine), repr(engine)
+        assert "***" in engine.url and "schema=t_" in engine.url, engine.url
+
+    def test_several_hosts_and_a_password_in_the_query_are_redacted(self) -> None:
+        public = _postgres.public_url(
+            "postgresql://app:s3cr3t@h1:5432,h2:5433/db?password=qu3ry&sslmode=disable")
+        assert "s3cr3t" not in public and "qu3ry" not in public, public
+        assert "h1:5432,h2:5433" in public and "sslmode=disable" in public, public
+
+    def test_both_schemes_choose_this_engine_and_url_options_apply(self, base_url: str) -> None:
+        for scheme in ("postgresql", "postgres"):
+            url = scheme + base_url[len("postgresql"):] + "?schema=abc&pool_max_size=3&timeout=2"
+            with qs.Queen(url) as q:
+                assert q.engine.kind == "postgres", q.engine
+                storage = q.engine.storage  # type: ignore[attr-defined]
+                assert storage.sql.schema == "abc" and storage._sizes == (1, 3), storage
+
+    def test_an_explicit_option_wins_over_the_url(self, base_url: str) -> None:
+        engine = PostgresEngine.from_url(base_url + "?schema=abc", schema="other")
+        assert engine.storage.sql.schema == "other", engine.url
+        engine.close()
+
+    @pytest.mark.parametrize("query", ["schema=Bad-Name", "schema=1x", "pool_max_size=many",
+                                       "no_such_libpq_option=1"])
+    def test_a_bad_url_option_is_refused_as_bad_url(self, base_url: str, query: str) -> None:
+        with pytest.raises(qs.RequestError) as caught:
+            PostgresEngine.from_url(f"{base_url}?{query}")
+        assert caught.value.code == "bad_url", caught.value
+
+    def test_options_of_other_engines_are_refused(self, base_url: str) -> None:
+        with pytest.raises(TypeError, match="headers"):
+            qs.Queen(base_url, headers={"x": "y"})
+
+    def test_a_wrong_password_is_unavailable_and_never_echoed(
+            self, server: PgServer, caplog: pytest.LogCaptureFixture) -> None:
+        wrong = "wr0ng-" + secrets.token_hex(4)
+        url = server.url.replace(server.password, wrong)
+        caplog.set_level(logging.DEBUG)
+        with qs.Queen(url) as q, pytest.raises(qs.EngineUnavailableError) as caught:
+            q.locks.get("x")
+        shown = str(caught.value) + repr(caught.value) + caplog.text
+        assert "password authentication failed" in str(caught.value), caught.value
+        assert wrong not in shown and server.password not in shown, shown
+
+
+class TestErrors:
+    def test_every_driver_error_maps_to_the_most_specific_queen_sync_error(self) -> None:
+        seen = 0
+        for cls in _all_subclasses(psycopg.Error):
+            exc = cls.__new__(cls)
+            Exception.__init__(exc, "boom")
+            err = _postgres_storage.translate(exc, "db")
+            seen += 1
+            if issubclass(cls, psycopg.OperationalError) and cls is not psycopg_pool.PoolClosed:
+                assert isinstance(err, qs.EngineUnavailableError), (cls, err)
+            else:
+                assert type(err) is qs.EngineError, (cls, err)
+        assert seen > 200, f"only {seen} driver errors found: the walk is broken"
+
+    def test_every_driver_exception_the_engine_catches_is_listed_and_mapped(self) -> None:
+        listed = set(_postgres_storage.CAUGHT_DRIVER_ERRORS)
+        for name in _caught_driver_names():
+            cls = _resolve(name)
+            assert cls in listed, f"{name} is caught but not in CAUGHT_DRIVER_ERRORS"
+        for cls in listed:
+            assert isinstance(_postgres_storage.translate(cls("x"), "db"), qs.QueenError), cls
+
+    def test_an_unreachable_server_is_reported_quickly(self) -> None:
+        url = f"postgresql://nobody:pw@127.0.0.1:{free_port()}/db?timeout=2"
+        started = time.monotonic()
+        with qs.Queen(url) as q, pytest.raises(qs.EngineUnavailableError, match="refused"):
+            q.locks.get("x")
+        assert time.monotonic() - started < 3, "an unreachable server must fail fast"
+
+    def test_a_commit_whose_connection_died_is_unknown_not_retried(
+            self, engine: PostgresEngine) -> None:
+        class DeadConnection:
+            broken = True
+
+            def execute(self, *args: Any) -> None:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+        class Txn:
+            def commit_script(self) -> list[Any]:
+                return [("COMMIT", ())]
+
+        with pytest.raises(qs.EngineUnavailableError, match="unknown"):
+            engine.storage._commit(DeadConnection(), Txn())  # type: ignore[arg-type]
+
+    def test_a_missing_privilege_is_an_engine_error_not_unavailability(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q:
+            q.locks.get("made-by-the-owner")  # creates the schema as the superuser
+        role = "weak_" + secrets.token_hex(3)
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'weakpw'")
+        weak = url.replace(f"queen:{server.password}", f"{role}:weakpw")
+        with qs.Queen(weak) as q, pytest.raises(qs.EngineError) as caught:
+            q.locks.get("x")
+        assert not isinstance(caught.value, qs.EngineUnavailableError), caught.value
+        assert "privilege" in str(caught.value), caught.value
+
+
+def _all_subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found.add(sub)
+        found |= _all_subclasses(sub)
+    return found
+
+
+def _caught_driver_names() -> set[str]:
+    """Driver errors named in ``except`` clauses and ``suppress()`` calls of the engine."""
+    names = set()
+    for path in Path(_postgres.__file__).parent.glob("_postgres*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            caught: list[ast.expr] = []
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                caught = [node.type]
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("suppress"):
+                caught = list(node.args)
+            for expr in (e for c in caught for e in ast.walk(c)):
+                if isinstance(expr, ast.Attribute) and ast.unparse(expr).startswith("psycopg"):
+                    names.add(ast.unparse(expr))
+    names.update(f"psycopg.errors.{c.__name__}" for c in _postgres_storage._CONFLICTS)
+    return {n for n in names if not any(n != m and m.startswith(n + ".") for m in names)}
+
+
+def _resolve(dotted: str) -> type:
+    modules = {"psycopg": psycopg, "psycopg_pool": psycopg_pool}
+    head, *rest = dotted.split(".")
+    obj: Any = modules[head]
+    for part in rest:
+        obj = getattr(obj, part)
+    assert isinstance(obj, type), dotted
+    return obj
+
+
+def _create_and_acquire(url: str, name: str, results: Any) -> None:
+    engine = PostgresEngine.from_url(url)
+    try:
+        answer = acquire(engine, name, owner=name)
+        results.put((name, answer.get("acquired"), answer.get("token")))
+    except Exception as exc:  # reported to the test, which fails with it
+        results.put((name, False, repr(exc)))
+    finally:
+        engine.close()
+
+
+class TestSchema:
+    def test_four_processes_creating_the_schema_at_once_all_succeed(self, url: str) -> None:
+        results = CTX.Queue()
+        procs = [CTX.Process(target=_create_and_acquire, args=(url, f"p{i}", results))
+                 for i in range(4)]
+        for proc in procs:
+            proc.start()
+        answers = [results.get(timeout=30) for _ in procs]
+        for proc in procs:
+            proc.join(10)
+        assert all(acquired for _, acquired, _ in answers), answers
+        tokens = [token for _, _, token in answers]
+        assert len(set(tokens)) == 4, f"tokens must be unique: {tokens}"
+
+    def test_tokens_rise_across_reopening_the_engine(self, url: str) -> None:
+        first = PostgresEngine.from_url(url)
+        answers = [acquire(first, "job", "a") for _ in range(1)]
+        release(first, "job", answers[0])
+        put = first.call("kv", {"operations": [
+            {"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True}]})
+        high = put["results"][0]["version"]
+        first.close()
+        second = PostgresEngine.from_url(url)
+        again = acquire(second, "job", "b")
+        second.close()
+        assert again["token"] > high > answers[0]["token"], (answers, high, again)
+
+    def test_expiry_is_judged_by_the_database_clock(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        with psycopg.connect(server.url) as conn:
+            before = conn.execute("SELECT extract(epoch FROM clock_timestamp()) * 1000"
+                                  ).fetchone()[0]  # type: ignore[index]
+            answer = acquire(engine, "clock", "a", ttl=7)
+            after = conn.execute("SELECT extract(epoch FROM clock_timestamp()) * 1000"
+                                 ).fetchone()[0]  # type: ignore[index]
+        holder = engine.call("locks", {"operations": [{"op": "get", "name": "clock"}]}
+                             )["results"][0]["holders"][0]
+        assert before - 1 <= holder["since"] <= after + 1, (before, holder, after)
+        assert holder["expiresAt"] == holder["since"] + 7000, holder
+        assert answer["acquired"], answer
+
+
+class TestWakeUp:
+    def test_a_release_on_another_connection_wakes_a_waiter_within_100ms(
+            self, url: str, engine: PostgresEngine) -> None:
+        other = PostgresEngine.from_url(url)
+        held = acquire(other, "wake", "a")
+        woke_at: list[float] = []
+        with engine.subscribe("wake") as waiter:
+            thread = threading.Thread(target=lambda: woke_at.append(
+                time.monotonic() if waiter.wait(5.0) else float("inf")))
+            thread.start()
+            time.sleep(0.05)
+            released_at = time.monotonic()
+            assert release(other, "wake", held) == {"released": True}
+            thread.join(5.0)
+        other.close()
+        assert woke_at and woke_at[0] - released_at < 0.1, (
+            f"woken {woke_at[0] - released_at:.3f}s after the release")
+
+    def test_a_waiter_sleeps_through_another_names_release(
+            self, engine: PostgresEngine) -> None:
+        held = acquire(engine, "other-name", "a")
+        with engine.subscribe("mine") as waiter:
+            release(engine, "other-name", held)
+            assert waiter.wait(0.2) is False, "woken by a release of a different name"
+
+    def test_a_waiting_acquire_takes_the_lock_as_soon_as_it_is_released(self, url: str) -> None:
+        with qs.Queen(url) as q1, qs.Queen(url) as q2:
+            first = q1.lock("handoff", ttl="30s")
+            assert first.acquire()
+            timer = threading.Timer(0.3, first.release)
+            timer.start()
+            started = time.monotonic()
+            second = q2.lock("handoff", ttl="30s")
+            assert second.acquire(wait=5), "the waiter never got the lock"
+            waited = time.monotonic() - started
+            timer.join()
+            second.release()
+        assert 0.25 < waited < 0.45, f"hand-off took {waited:.3f}s after a 0.3s hold"
+
+
+class TestFence:
+    def test_a_fence_at_the_current_token_holds_off_the_release_until_commit(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        held = acquire(engine, "fenced", "a")
+        done: list[dict[str, Any]] = []
+        with psycopg.connect(server.url) as conn:
+            engine.fence(conn, name="fenced", slot=held["slot"], token=held["token"])
+            releaser = threading.Thread(target=lambda: done.append(release(engine, "fenced",
+                                                                           held)))
+            releaser.start()
+            releaser.join(0.3)
+            assert releaser.is_alive(), "the release went through an open fenced transaction"
+            conn.commit()
+        releaser.join(5.0)
+        assert done == [{"released": True}], done
+
+    def test_a_fence_does_not_hold_up_the_holders_renewal(
+            self, server: PgServer, url: str) -> None:
+        engine = PostgresEngine.from_url(url, timeout=2)
+        held = acquire(engine, "renewing", "a")
+        with psycopg.connect(server.url) as conn:
+            engine.fence(conn, name="renewing", slot=held["slot"], token=held["token"])
+            started = time.monotonic()
+            renewed = engine.call("locks", {"operations": [
+                {"op": "renew", "name": "renewing", "token": held["token"], "ttlSeconds": 30,
+                 "owner": "a", "slot": held["slot"]}]})["results"][0]
+            assert time.monotonic() - started < 1.0, "the renewal waited for the fence"
+            conn.commit()
+        engine.close()
+        assert renewed["renewed"] and renewed["token"] > held["token"], renewed
+
+    def test_a_stale_token_or_an_expired_permit_is_fenced_out(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        held = acquire(engine, "stale", "a")
+        with psycopg.connect(server.url) as conn, pytest.raises(qs.LockLostError) as caught:
+            engine.fence(conn, name="stale", slot=0, token=held["token"] - 1)
+        assert (caught.value.reason, caught.value.token) == ("guard", held["token"] - 1)
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            admin.execute(f"UPDATE {engine.storage.sql.schema}.kv SET expires_at = 1"
+                          " WHERE key = 'stale#0'")
+        with psycopg.connect(server.url) as conn, pytest.raises(qs.LockLostError):
+            engine.fence(conn, name="stale", slot=0, token=held["token"])
+
+    def test_a_fence_outside_a_transaction_is_refused(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        held = acquire(engine, "auto", "a")
+        with psycopg.connect(server.url, autocommit=True) as conn, pytest.raises(
+                qs.RequestError, match="transaction"):
+            engine.fence(conn, name="auto", slot=0, token=held["token"])
+
+    def test_lock_fence_through_the_public_api(self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q, psycopg.connect(server.url) as conn:
+            lock = q.lock("public", ttl="30s")
+            assert lock.acquire()
+            with conn.transaction():
+                lock.fence(conn)
+            lock.release()
+            with conn.transaction(), pytest.raises(qs.LockError):
+                lock.fence(conn)
+
+
+class TestConcurrency:
+    def test_concurrent_semaphore_acquirers_take_distinct_lowest_slots(self, url: str) -> None:
+        engines = [PostgresEngine.from_url(url) for _ in range(8)]
+        barrier = threading.Barrier(8)
+        answers: list[dict[str, Any]] = []
+
+        def grab(engine: PostgresEngine, index: int) -> None:
+            barrier.wait()
+            answers.append(acquire(engine, "sem", f"o{index}", limit=4))
+
+        threads = [threading.Thread(target=grab, args=(e, i)) for i, e in enumerate(engines)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        for engine in engines:
+            engine.close()
+        won = [a for a in answers if a["acquired"]]
+        assert sorted(a["slot"] for a in won) == [0, 1, 2, 3], answers
+        assert len({a["token"] for a in won}) == 4, answers
+
+    def test_bodies_naming_the_same_keys_in_opposite_orders_finish(
+            self, engine: PostgresEngine) -> None:
+        keys = [f"k{i}" for i in range(100)]
+        failures: list[BaseException] = []
+
+        def bump(order: list[str]) -> None:
+            try:
+                for _ in range(20):
+                    engine.call("kv", {"operations": [
+                        {"op": "incr", "ns": "n", "key": k, "delta": 1, "forever": True}
+                        for k in order]})
+            except BaseException as exc:  # reported to the test below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=bump, args=(order,))
+                   for order in (keys, keys[::-1], keys, keys[::-1])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        values = engine.call("kv", {"operations": [
+            {"op": "getMany", "ns": "n", "keys": keys}]})["results"][0]["rows"]
+        assert not failures, failures
+        assert {row["value"] for row in values} == {80}, "every increment must land once"
