@@ -1,13 +1,14 @@
 """PostgreSQL storage for the embedded semantics: one schema, one pool, one transaction per body.
 
 How a body stays one atomic step without a global lock: every row belongs to an
-*entity* (a lock name for permits, else the key), and the first time a
-transaction touches an entity it takes a transaction-scoped advisory lock on it,
-held until COMMIT. Bodies touching the same lock name therefore run one after
-the other, absent keys included, while unrelated names run in parallel. Only
-the first entity lock of a transaction waits; later ones are tried, and a miss
-rolls the body back (the semantics run it again, first taking the locks it
-missed in a fixed order), so two bodies can never deadlock each other.
+*entity* (a lock name for its permits, else the key), and a transaction holds a
+transaction-scoped advisory lock on every entity it touches, until COMMIT.
+Bodies naming the same lock name therefore run one after the other, absent keys
+included, while unrelated names run in parallel. The entities a body names are
+read off it before it runs and locked in one fixed order, first thing, so two
+bodies never wait for each other in a cycle; an entity reached unplanned is
+locked when reached, and should that ever deadlock, the database aborts one
+body, which runs again with that entity planned.
 
 Tokens come from a SEQUENCE, which never rewinds (not on rollback, not on
 restart). Expiry is judged by ``clock_timestamp()``, read once per transaction.
@@ -177,7 +178,8 @@ class Statements:
             " FROM generate_series(1, %s))")
         self._fetch_head = f"SELECT {_COLUMNS} FROM {kv} WHERE "
         self.lock = "SELECT pg_advisory_xact_lock(%s, %s)"
-        self.try_lock = "SELECT pg_try_advisory_xact_lock(%s, %s)"
+        # An array's elements are unnested in order, so the locks are taken in that order.
+        self.lock_all = "SELECT count(pg_advisory_xact_lock(%s, k)) FROM unnest(%s::int[]) AS k"
 
     def fetch(self, entities: Iterable[str]) -> tuple[str, list[Any]]:
         """One SELECT of every row of these entities (lock names' permits, single keys)."""
@@ -196,7 +198,6 @@ class Statements:
 # Lost races that running the body again resolves.
 _CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
               psycopg.errors.SerializationFailure, psycopg.errors.DivisionByZero)
-_MAX_PLANNED = 64
 _MINTS = frozenset({"acquire", "renew", "put", "putIfAbsent", "incr"})
 _KEYED = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
 
@@ -231,8 +232,6 @@ def plan_for(route: str, body: Any) -> Plan:
                                                                                 list):
             plan.entities.update(_entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
         plan.versions += kind in _MINTS
-    if len(plan.entities) > _MAX_PLANNED:
-        return Plan(versions=plan.versions)  # too many to lock up front: lock as they come
     return plan
 
 
@@ -260,16 +259,16 @@ class PgTxn:
         self._pending: list[Statement] = []
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
         self._complete: set[str] = set()
-        self.missed: set[str] = set()
+        self.unplanned: set[str] = set()
         ordered = sorted(plan.entities, key=_entity_key)
-        script: list[Statement] = [("BEGIN", ())]
-        script += [(sql.lock, (sql.lock_class, _entity_key(e))) for e in ordered]
-        script.append((sql.clock_and_versions, (plan.versions,)))
+        keys = [_entity_key(e) for e in ordered]
+        script: list[Statement] = [("BEGIN", ()), (sql.lock_all, (sql.lock_class, keys)),
+                                   (sql.clock_and_versions, (plan.versions,))]
         if ordered:
             script.append(sql.fetch(ordered))
         results = self._roundtrip(script)
         self._held = set(ordered)
-        clock_row = results[len(ordered) + 1][1][0]
+        clock_row = results[2][1][0]
         self._now = int(clock_row[0])
         self._spares = sorted(int(v) for v in clock_row[1])
         if ordered:
@@ -298,20 +297,13 @@ class PgTxn:
     def _ask(self, entity: Optional[str], query: Statement) -> list[Any]:
         """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
         script, self._pending = self._pending, []
-        locking = entity is not None and entity not in self._held
-        if entity is not None and locking:
-            # Waiting while holding a lock could deadlock with another body: only try.
-            lock = self._sql.try_lock if self._held else self._sql.lock
-            script.append((lock, (self._sql.lock_class, _entity_key(entity))))
-        script.append(query)
-        results = self._roundtrip(script)
-        if entity is not None and locking:
-            if self._held and not results[-2][1][0][0]:
-                self.missed = {*self._held, entity}
-                raise StorageConflict("another body holds this name; retrying in lock order")
+        if entity is not None and entity not in self._held:
+            script.append((self._sql.lock, (self._sql.lock_class, _entity_key(entity))))
             self._held.add(entity)
+            self.unplanned.add(entity)
             self._spares = []  # drawn before this lock, so not above what its holders minted
-        return results[-1][1]
+        script.append(query)
+        return self._roundtrip(script)[-1][1]
 
     def now_ms(self) -> int:
         return self._now
@@ -519,11 +511,9 @@ class PostgresStorage:
         box: list[PgTxn] = []
         try:
             yield box
-        except StorageConflict:
-            if box and box[0].missed:
-                self._state.plan.entities |= box[0].missed
-            raise
         except _CONFLICTS as exc:
+            if box:  # the next attempt locks up front what this one had to lock on the way
+                self._state.plan.entities |= box[0].unplanned
             raise StorageConflict(str(exc)) from exc
         except psycopg.OperationalError as exc:
             if conn.broken and not self._state.reconnected:
