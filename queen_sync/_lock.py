@@ -277,9 +277,15 @@ class Lock:
             if token is None:
                 return False
             self._token = None
-            self._client.metrics.held(-1)
-            answer = self._client._call_locks([LockOps.release(self.name, token=token,
-                                                               slot=slot)])[0]
+            try:
+                answer = self._client._call_locks([LockOps.release(self.name, token=token,
+                                                                   slot=slot)])[0]
+            except Exception:
+                # Not given back: keep holding (and renewing) so a retry can release it.
+                self._token = token
+                self._client.renewer.register(self)
+                raise
+        self._client.metrics.held(-1)
         self._client.metrics.count("released")
         return bool(answer.get("released"))
 

@@ -7,6 +7,7 @@ from typing import Iterator
 
 import pytest
 from engine_factories import ENGINE_FACTORIES
+from pg_server import pg_server, pg_url  # noqa: F401  (session fixtures for the postgres engine)
 
 import queen_sync as qs
 

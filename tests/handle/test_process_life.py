@@ -113,3 +113,23 @@ class TestReleaseDuringRenew:
             assert lock.release(), "release must free the token the renew minted"
             renew.join(2)
             assert owners(q, "job") == [], "a renewed permit was left behind"
+
+
+class TestReleaseFailure:
+    def test_a_release_that_could_not_reach_the_engine_keeps_the_lease_for_a_retry(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            lock = q.lock("job", ttl=60)
+            assert lock.acquire()
+            real = q._engine.call
+
+            def unreachable(route: str, body: Any) -> Any:
+                raise qs.EngineUnavailableError("down (simulated)")
+
+            q._engine.call = unreachable  # type: ignore[method-assign]
+            with pytest.raises(qs.EngineUnavailableError):
+                lock.release()
+            q._engine.call = real  # type: ignore[method-assign]
+            assert lock.held and lock in q.renewer.held(), "the lease must stay held and renewed"
+            assert lock.release() and owners(q, "job") == [], "the retry must give it back"
