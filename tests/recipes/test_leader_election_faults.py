@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Spawn
@@ -16,7 +17,7 @@ RETRY = TTL / 3  # the renew interval, which is also the campaign's retry interv
 pytestmark = pytest.mark.realtime
 
 
-def _leader(candidates: list[Worker], after: float = 0.0) -> tuple[Worker, dict[str, object]]:
+def _leader(candidates: list[Worker], after: float = 0.0) -> tuple[Worker, dict[str, Any]]:
     """The candidate elected after ``after`` (wall clock), waiting for one."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -56,21 +57,32 @@ def _candidates(spawn: Spawn, tmp_path: Path, sqlite_url: str) -> tuple[list[Wor
     return workers, log
 
 
+def _signal_the_leader(spawn: Spawn, tmp_path: Path, sqlite_url: str, sig: int) -> tuple[
+        FencedLog, Worker, Worker, dict[str, Any], float]:
+    """Three candidates; once the leader writes, ``sig`` it and wait for a successor's write.
+
+    Returns the log, the signalled leader, its successor, the successor's election
+    event, and when the signal was sent.
+    """
+    candidates, log = _candidates(spawn, tmp_path, sqlite_url)
+    first, _ = _leader(candidates)
+    _wait_for_write(log, first.name)
+    signalled_at = first.signal(sig)
+    second, elected = _leader([c for c in candidates if c is not first], after=signalled_at)
+    _wait_for_write(log, second.name, after=signalled_at)
+    return log, first, second, elected, signalled_at
+
+
 class TestALeaderThatDies:
     def test_another_candidate_leads_within_ttl_plus_one_retry_interval_with_a_higher_token(
             self, spawn: Spawn, tmp_path: Path, sqlite_url: str) -> None:
-        candidates, log = _candidates(spawn, tmp_path, sqlite_url)
-        first, _ = _leader(candidates)
-        _wait_for_write(log, first.name)
-
-        killed_at = first.signal(signal.SIGKILL)
-        second, re_elected = _leader([c for c in candidates if c is not first], after=killed_at)
-        took = float(re_elected["at"]) - killed_at  # type: ignore[arg-type]
-        _wait_for_write(log, second.name, after=killed_at)
+        log, first, second, re_elected, killed_at = _signal_the_leader(
+            spawn, tmp_path, sqlite_url, signal.SIGKILL)
+        took = float(re_elected["at"]) - killed_at
 
         assert took <= TTL + RETRY, f"the successor took {took:.3f}s (> {TTL + RETRY:.3f}s)"
         old_tokens = [t for t, who, _, ok in log.rows() if who == first.name and ok]
-        assert int(re_elected["token"]) > max(old_tokens), (  # type: ignore[call-overload]
+        assert int(re_elected["token"]) > max(old_tokens), (
             f"successor token {re_elected['token']} is not above the dead leader's {old_tokens}")
         writers = {who for _, who in assert_one_writer_at_a_time(log)}
         assert writers == {first.name, second.name}, f"unexpected writers {writers}"
@@ -79,13 +91,8 @@ class TestALeaderThatDies:
 class TestALeaderPausedPastItsTtl:
     def test_its_late_writes_are_refused_and_it_reports_being_deposed(
             self, spawn: Spawn, tmp_path: Path, sqlite_url: str) -> None:
-        candidates, log = _candidates(spawn, tmp_path, sqlite_url)
-        paused, _ = _leader(candidates)
-        _wait_for_write(log, paused.name)
-
-        stopped_at = paused.signal(signal.SIGSTOP)
-        successor, _ = _leader([c for c in candidates if c is not paused], after=stopped_at)
-        _wait_for_write(log, successor.name, after=stopped_at)
+        log, paused, successor, _, _ = _signal_the_leader(
+            spawn, tmp_path, sqlite_url, signal.SIGSTOP)
         resumed_at = paused.signal(signal.SIGCONT)
 
         refused = paused.wait_for("refused", where=lambda e: e["at"] > resumed_at)
