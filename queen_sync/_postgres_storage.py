@@ -164,7 +164,6 @@ class Statements:
         )
         self.delete = f"DELETE FROM {kv} WHERE ns = %s AND key = %s"
         self.notify = "SELECT pg_notify(%s, %s)"
-        self.next_version = f"SELECT nextval('{s}.version'::regclass)"
         self.sweep = (
             f"DELETE FROM {kv} WHERE (ns, key) IN (SELECT ns, key FROM {kv}"
             " WHERE expires_at <= %s LIMIT 256 FOR UPDATE SKIP LOCKED)"
@@ -173,13 +172,21 @@ class Statements:
             f"SELECT 1 FROM {kv} WHERE ns = %s AND key = %s AND version = %s"
             f" AND (expires_at IS NULL OR expires_at > ({_CLOCK})) FOR KEY SHARE"
         )
-        self.clock_and_versions = (
+        self.next_version = f"SELECT nextval('{s}.version'::regclass)"
+        self.clock_and_versions = [
+            f"SELECT ({_CLOCK}), ARRAY[]::bigint[]",
+            f"SELECT ({_CLOCK}), ARRAY[nextval('{s}.version'::regclass)]",
             f"SELECT ({_CLOCK}), ARRAY(SELECT nextval('{s}.version'::regclass)"
-            " FROM generate_series(1, %s))")
+            " FROM generate_series(1, %s))",
+        ]
         self._fetch_head = f"SELECT {_COLUMNS} FROM {kv} WHERE "
         self.lock = "SELECT pg_advisory_xact_lock(%s, %s)"
-        # An array's elements are unnested in order, so the locks are taken in that order.
-        self.lock_all = "SELECT count(pg_advisory_xact_lock(%s, k)) FROM unnest(%s::int[]) AS k"
+
+    def draw(self, versions: int) -> tuple[str, Sequence[Any]]:
+        """The clock, and ``versions`` new versions (after the locks: above their holders')."""
+        if versions <= 1:
+            return self.clock_and_versions[versions], ()
+        return self.clock_and_versions[2], (versions,)
 
     def fetch(self, entities: Iterable[str]) -> tuple[str, list[Any]]:
         """One SELECT of every row of these entities (lock names' permits, single keys)."""
@@ -212,10 +219,14 @@ class Plan:
     Attributes:
         entities: the entities (lock names, keys) its operations name.
         versions: how many versions it may mint (drawn in advance; unused ones are skipped).
+        durable: False for a body that only releases locks: its commit need not wait for
+            the disk, since a release lost in a crash only lets the lease run out, and any
+            later durable commit flushes it anyway.
     """
 
     entities: set[str] = field(default_factory=set)
     versions: int = 0
+    durable: bool = True
 
 
 def plan_for(route: str, body: Any) -> Plan:
@@ -232,6 +243,7 @@ def plan_for(route: str, body: Any) -> Plan:
                                                                                 list):
             plan.entities.update(_entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
         plan.versions += kind in _MINTS
+        plan.durable = plan.durable and not (route == "locks" and kind == "release")
     return plan
 
 
@@ -261,14 +273,15 @@ class PgTxn:
         self._complete: set[str] = set()
         self.unplanned: set[str] = set()
         ordered = sorted(plan.entities, key=_entity_key)
-        keys = [_entity_key(e) for e in ordered]
-        script: list[Statement] = [("BEGIN", ()), (sql.lock_all, (sql.lock_class, keys)),
-                                   (sql.clock_and_versions, (plan.versions,))]
+        begin = "BEGIN" if plan.durable else "BEGIN; SET LOCAL synchronous_commit = off"
+        script: list[Statement] = [(begin, ())]
+        script += [(sql.lock, (sql.lock_class, _entity_key(e))) for e in ordered]
+        script.append(sql.draw(plan.versions))
         if ordered:
             script.append(sql.fetch(ordered))
         results = self._roundtrip(script)
         self._held = set(ordered)
-        clock_row = results[2][1][0]
+        clock_row = results[-2 if ordered else -1][1][0]
         self._now = int(clock_row[0])
         self._spares = sorted(int(v) for v in clock_row[1])
         if ordered:
