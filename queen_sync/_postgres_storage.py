@@ -456,7 +456,7 @@ class PostgresStorage:
                     self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
                     kwargs={"autocommit": True, "cursor_factory": ClientCursor},
                     configure=self._track, timeout=self._timeout, name="queen_sync",
-                    open=True)
+                    num_workers=1, open=True)
             return self._pool
 
     def _migrate(self) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import logging
 import multiprocessing
+import os
 import secrets
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -405,3 +407,54 @@ class TestConcurrency:
             {"op": "getMany", "ns": "n", "keys": keys}]})["results"][0]["rows"]
         assert not failures, failures
         assert {row["value"] for row in values} == {80}, "every increment must land once"
+
+
+class TestLifecycle:
+    def test_a_forked_child_gets_its_own_sessions_and_leaves_the_parents_alone(
+            self, url: str) -> None:
+        with qs.Queen(url, pool_max_size=1) as q:
+            storage = q.engine.storage  # type: ignore[attr-defined]
+            lock = q.lock("parent", ttl="30s")
+            assert lock.acquire()
+            with q.engine.subscribe("parent"):
+                pass  # a LISTEN session for the child to inherit too
+            with storage._open_pool().connection() as conn:
+                before = conn.execute("SELECT pg_backend_pid()").fetchone()
+            inherited = list(storage.connections)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+                pid = os.fork()
+            if pid == 0:
+                _child_after_fork(q, inherited)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed"
+            with storage._open_pool().connection() as conn:
+                after = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert before == after, "the parent's session was replaced: the child ended it"
+            assert lock.held and q.locks.get("parent")["holders"][0]["owner"] == lock.owner
+
+    def test_closing_the_client_leaves_no_thread_behind(self, url: str) -> None:
+        before = set(threading.enumerate())
+        q = qs.Queen(url)
+        lock = q.lock("threads", ttl="30s")
+        assert lock.acquire()
+        with q.engine.subscribe("threads") as waiter:
+            waiter.wait(0.01)
+        q.close()
+        deadline = time.monotonic() + 5
+        while set(threading.enumerate()) - before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = [t.name for t in set(threading.enumerate()) - before]
+        assert not left, f"threads left behind: {left}"
+
+
+def _child_after_fork(q: qs.Queen, inherited: list[Any]) -> None:
+    """In a forked child: use the client, close the parent's copies, exit without cleanup."""
+    code = 1
+    try:
+        holders = q.locks.get("parent")["holders"]
+        for conn in inherited:
+            conn.close()  # as garbage collection or exit would
+        code = 0 if len(holders) == 1 else 2
+    finally:
+        os._exit(code)
