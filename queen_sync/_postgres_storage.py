@@ -262,7 +262,7 @@ class PgTxn:
     reads the clock, draws the planned versions and fetches every row of the planned
     entities; the body's reads are then answered from memory. Writes travel with the
     next statement that needs an answer, or with COMMIT. A body that strays beyond its
-    plan still works: the entity is locked (tried, not waited for) and read on demand.
+    plan still works: that entity is locked and read when reached.
     """
 
     def __init__(self, cur: psycopg.Cursor[Any], sql: Statements, plan: Plan) -> None:
@@ -393,6 +393,11 @@ class PgTxn:
         return [*script, ("COMMIT", ())]
 
 
+def _lost(conn: psycopg.Connection[Any]) -> bool:
+    """The connection is gone (closed, or its socket broke): no statement can run on it."""
+    return conn.closed or conn.pgconn.status == psycopg.pq.ConnStatus.BAD
+
+
 def _fetch_one(cur: psycopg.Cursor[Any]) -> Any:
     record = cur.fetchone()
     if record is None:  # pragma: no cover - these queries always return one row
@@ -487,7 +492,7 @@ class PostgresStorage:
             raise translate(exc, self.where) from exc
 
     def _checkin(self, conn: psycopg.Connection[Any], pool: Optional[_Pool]) -> None:
-        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if not _lost(conn) and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
                 conn.execute("ROLLBACK")
             except psycopg.Error:
@@ -529,7 +534,7 @@ class PostgresStorage:
                 self._state.plan.entities |= box[0].unplanned
             raise StorageConflict(str(exc)) from exc
         except psycopg.OperationalError as exc:
-            if conn.broken and not self._state.reconnected:
+            if _lost(conn) and not self._state.reconnected:
                 # The connection died before COMMIT was sent: run the body once more afresh.
                 self._state.reconnected = True
                 log.info("PostgreSQL connection to %s lost (%s); retrying once", self.where,
@@ -546,12 +551,13 @@ class PostgresStorage:
         try:
             conn.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
         except psycopg.Error as exc:
-            if conn.broken:
+            if _lost(conn):
                 raise EngineUnavailableError(
                     f"PostgreSQL at {self.where}: the connection was lost during COMMIT, so "
                     f"whether the call took effect is unknown: {exc}") from exc
             # A server error stops the script before its COMMIT: nothing was committed.
             if isinstance(exc, _CONFLICTS):
+                self._state.plan.entities |= txn.unplanned
                 raise StorageConflict(str(exc)) from exc
             raise translate(exc, self.where) from exc
 
@@ -564,7 +570,7 @@ class PostgresStorage:
     def _sweep(self) -> None:
         """Delete a batch of expired rows; skips rows someone holds (a fence, a body)."""
         try:
-            with self._open_pool().connection() as conn:
+            with self._open_pool().connection(timeout=_POOL_WAIT) as conn:
                 now = _fetch_one(conn.execute(_CLOCK))[0]
                 conn.execute(self.sql.sweep, (now,))
         except psycopg.Error as exc:

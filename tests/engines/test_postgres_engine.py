@@ -147,7 +147,7 @@ class TestErrors:
     def test_a_commit_whose_connection_died_is_unknown_not_retried(
             self, engine: PostgresEngine) -> None:
         class DeadConnection:
-            broken = True
+            closed = True
 
             def execute(self, *args: Any) -> None:
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
