@@ -54,16 +54,21 @@ class Listener:
         self._waiters: dict[str, set[PgWaiter]] = {}
         self._mutex = threading.Lock()
         self._listening = threading.Event()
+        self._tried = threading.Event()
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
-        self._conn: Optional[psycopg.Connection[Any]] = None
         self._thread = threading.Thread(target=self._loop, name="queen_sync-pg-listen",
                                         daemon=True)
         self._thread.start()
 
     def ready(self, timeout: float) -> bool:
-        """Wait until LISTEN is in effect (so no release after this call is missed)."""
-        return self._listening.wait(timeout)
+        """Wait for the first attempt to LISTEN; True when LISTEN is in effect.
+
+        Waiting once means no release after this call is missed; after a failed attempt
+        nobody waits again (waiters poll) until the listener reconnects.
+        """
+        self._tried.wait(timeout)
+        return self._listening.is_set()
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[PgWaiter]:
@@ -94,9 +99,9 @@ class Listener:
         while not self._stopping.is_set():
             try:
                 with self._connect() as conn:
-                    self._conn = conn
                     conn.execute(f'LISTEN "{self._channel}"')
                     self._listening.set()
+                    self._tried.set()
                     self._wake(None)
                     delay = 0.05
                     self._pump(conn)
@@ -104,7 +109,7 @@ class Listener:
                 log.debug("queen_sync LISTEN connection failed: %s", exc)
             finally:
                 self._listening.clear()
-                self._conn = None
+                self._tried.set()
             self._stopping.wait(delay)
             delay = min(delay * 2, _RECONNECT_MAX)
 

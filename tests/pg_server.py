@@ -17,6 +17,7 @@ import glob
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -116,8 +117,10 @@ class PgServer:
 
     def _run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = [os.path.join(self.bin_dir, args[0]), *args[1:]]
-        if self.user is not None:
+        if self.user is not None and shutil.which("runuser"):
             command = ["runuser", "-u", self.user, "--", *command]
+        elif self.user is not None:
+            command = ["su", "-s", "/bin/sh", self.user, "-c", shlex.join(command)]
         return subprocess.run(command, check=check, capture_output=True, text=True,
                               cwd=self.root, timeout=120)
 
@@ -136,9 +139,9 @@ class PgServer:
             os.unlink(pwfile)
 
     def start(self) -> None:
+        durable = "on" if self.fsync else "off"
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                   f"-c max_connections=300 -c fsync={'on' if self.fsync else 'off'} "
-                   "-c full_page_writes=off -c deadlock_timeout=200ms")
+                   f"-c max_connections=300 -c fsync={durable} -c full_page_writes={durable}")
         result = self._run(["pg_ctl", "-D", self.data, "-l", self.log, "-o", options,
                             "-w", "-t", "60", "start"], check=False)
         if result.returncode != 0:

@@ -286,6 +286,15 @@ class TestWakeUp:
             release(engine, "other-name", held)
             assert waiter.wait(0.2) is False, "woken by a release of a different name"
 
+    def test_subscribing_while_the_server_is_unreachable_falls_back_to_polling(self) -> None:
+        engine = PostgresEngine.from_url(f"postgresql://nobody:pw@127.0.0.1:{free_port()}/db")
+        started = time.monotonic()
+        for _ in range(3):
+            with engine.subscribe("x") as waiter:
+                assert waiter.wait(0.01) is False, "woken with no server to wake it"
+        engine.close()
+        assert time.monotonic() - started < 1.0, "subscribing waited for an absent server"
+
     def test_a_waiting_acquire_takes_the_lock_as_soon_as_it_is_released(self, url: str) -> None:
         with qs.Queen(url) as q1, qs.Queen(url) as q2:
             first = q1.lock("handoff", ttl="30s")
