@@ -209,8 +209,9 @@ class PostgresEngine(Engine):
         The permit row is checked live by the database clock at exactly ``token`` and
         locked ``FOR KEY SHARE``: a new holder cannot take the slot, nor the holder release
         it, before this transaction ends, while the holder's own renewals go on. So keep
-        fenced transactions short, and give ``conn`` an ``idle_in_transaction_session_timeout``:
-        a stalled fenced transaction holds everybody else off the lock until it ends.
+        fenced transactions short, give ``conn`` an ``idle_in_transaction_session_timeout``
+        (a stalled fenced transaction holds everybody else off the lock until it ends), and
+        release the lock after the transaction ends, not inside it.
 
         Args:
             conn: a psycopg 3 connection to the same database, inside a transaction.
