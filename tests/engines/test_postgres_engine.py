@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+import pg_server as server_helper
 import pytest
 from pg_server import PgServer, free_port, require_pg, shared_server
 
@@ -467,3 +468,26 @@ def _child_after_fork(q: qs.Queen, inherited: list[Any]) -> None:
         code = 0 if len(holders) == 1 else 2
     finally:
         os._exit(code)
+
+
+class TestTheTestServer:
+    def test_missing_binaries_skip_unless_ci_requires_postgres(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(server_helper, "find_bin_dir", lambda: None)
+        monkeypatch.delenv("QUEEN_SYNC_REQUIRE_PG", raising=False)
+        with pytest.raises(pytest.skip.Exception):
+            PgServer.start_new()
+        monkeypatch.setenv("QUEEN_SYNC_REQUIRE_PG", "1")
+        with pytest.raises(pytest.fail.Exception, match="QUEEN_SYNC_REQUIRE_PG"):
+            PgServer.start_new()
+
+    def test_the_server_runs_unprivileged_and_its_folder_goes_with_it(self) -> None:
+        server = PgServer.start_new()
+        pid_file = Path(server.data) / "postmaster.pid"
+        try:
+            assert pid_file.exists(), server.server_log()
+            if os.geteuid() == 0:
+                assert pid_file.stat().st_uid != 0, "the server runs as root"
+        finally:
+            server.destroy()
+        assert not Path(server.root).exists(), "the server's folder was left behind"
