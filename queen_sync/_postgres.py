@@ -185,7 +185,10 @@ class PostgresEngine(Engine):
 
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.storage.new_call(route, body)
-        return self._semantics.call(route, body)
+        try:
+            return self._semantics.call(route, body)
+        except psycopg.Error as exc:  # the storage translates; this catches any it missed
+            raise translate(exc, self._url) from exc
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
