@@ -67,10 +67,21 @@ class Cli:
         return rows
 
     def stop_all(self) -> None:
+        """SIGTERM (the runner forwards it to its command's group), then SIGKILL, then reap."""
         for process in self.started:
             if process.poll() is None:
-                process.kill()
-            process.communicate(timeout=10)
+                process.terminate()
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            try:
+                process.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # an orphaned command still holds the pipes
+                for pipe in (process.stdout, process.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                process.wait()
 
 
 @pytest.fixture(name="cli")
