@@ -1,0 +1,333 @@
+"""``@singleton_job`` in one process: calling, busy, loss, once per period, default client."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+from conftest import ManualClock
+
+import queen_sync as qs
+from queen_sync import _default, _singleton
+
+
+@pytest.fixture
+def client(sqlite_url: str) -> Iterator[qs.Queen]:
+    with qs.Queen(sqlite_url) as q:
+        yield q
+
+
+@pytest.fixture
+def other(sqlite_url: str) -> Iterator[qs.Queen]:
+    """A second client on the same file: another process, as far as owners go."""
+    with qs.Queen(sqlite_url) as q:
+        yield q
+
+
+def _holders(q: qs.Queen, name: str) -> list[Any]:
+    return list(q.locks.get(name).get("holders") or [])
+
+
+class TestCalling:
+    def test_the_wrapper_keeps_the_name_the_doc_the_arguments_and_the_value(
+            self, client: qs.Queen) -> None:
+        @qs.singleton_job("add", ttl="30s", queen=client)
+        def add(a: int, b: int = 1) -> int:
+            """Add two numbers."""
+            return a + b
+
+        assert add(2, b=3) == 5, "the function's value must come back"
+        assert add.__name__ == "add" and add.__doc__ == "Add two numbers."
+
+    def test_inside_the_body_current_lock_is_the_held_lock(self, client: qs.Queen) -> None:
+        seen: list[Optional[qs.Lock]] = []
+
+        @qs.singleton_job("report", ttl="30s", queen=client)
+        def report() -> None:
+            seen.append(qs.current_lock())
+
+        report()
+        lock = seen[0]
+        assert lock is not None and lock.name == "report", seen
+        assert qs.current_lock() is None, "outside the body there is no current lock"
+        assert not lock.held and _holders(client, "report") == [], "released on return"
+
+    def test_bind_passes_the_lock_first(self, client: qs.Queen) -> None:
+        @qs.singleton_job("bound", ttl="30s", queen=client, bind=True)
+        def bound(lock: qs.Lock, x: int) -> tuple[bool, Optional[int], int]:
+            return lock.held, lock.token, x
+
+        held, token, x = bound(7) or (False, None, 0)
+        assert held and token is not None and x == 7, (held, token, x)
+
+    def test_it_works_on_methods(self, client: qs.Queen) -> None:
+        class Reports:
+            def __init__(self) -> None:
+                self.runs = 0
+
+            @qs.singleton_job("method", ttl="30s", queen=client)
+            def build(self, n: int) -> str:
+                self.runs += n
+                lock = qs.current_lock()
+                return lock.name if lock else ""
+
+        reports = Reports()
+        assert reports.build(2) == "method" and reports.runs == 2, reports.runs
+
+    def test_bare_use_names_the_lock_after_the_function(self, sqlite_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("QUEEN_URL", sqlite_url)
+
+        @qs.singleton_job
+        def nightly() -> str:
+            lock = qs.current_lock()
+            return lock.name if lock else ""
+
+        name = nightly()
+        assert name == f"{__name__}.{nightly.__qualname__}", name
+
+    def test_the_lease_is_released_when_the_body_raises(self, client: qs.Queen) -> None:
+        @qs.singleton_job("fails", ttl="30s", queen=client)
+        def fails() -> None:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            fails()
+        assert _holders(client, "fails") == [], "the lease must be released on exception"
+
+
+class TestBusy:
+    def test_skip_returns_none_and_logs_owner_since_and_expiry(
+            self, client: qs.Queen, other: qs.Queen, caplog: pytest.LogCaptureFixture) -> None:
+        holder = other.lock("busy", ttl="30s")
+        assert holder.acquire()
+
+        @qs.singleton_job("busy", ttl="30s", queen=client)
+        def job() -> str:
+            return "ran"
+
+        with caplog.at_level(logging.INFO, logger="queen_sync"):
+            assert job() is None, "a skipped call returns None"
+        text = caplog.text
+        assert holder.owner in text and "since" in text and "expires in" in text, text
+
+    def test_raise_carries_the_holders(self, client: qs.Queen, other: qs.Queen) -> None:
+        holder = other.lock("busy", ttl="30s")
+        assert holder.acquire()
+
+        @qs.singleton_job("busy", ttl="30s", on_busy="raise", queen=client)
+        def job() -> str:
+            return "ran"
+
+        with pytest.raises(qs.LockBusyError) as caught:
+            job()
+        assert [h.owner for h in caught.value.holders] == [holder.owner], caught.value.holders
+        assert caught.value.name == "busy"
+
+    def test_wait_runs_once_the_holder_lets_go(self, client: qs.Queen, other: qs.Queen) -> None:
+        holder = other.lock("busy", ttl="30s")
+        assert holder.acquire()
+        threading.Timer(0.2, holder.release).start()
+
+        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait="10s", queen=client)
+        def job() -> str:
+            return "ran"
+
+        started = time.monotonic()
+        assert job() == "ran", "the waiting call must run once the lock is free"
+        assert time.monotonic() - started < 5, "it must not wait the whole budget"
+
+    def test_wait_that_runs_out_raises(self, client: qs.Queen, other: qs.Queen) -> None:
+        assert other.lock("busy", ttl="30s").acquire()
+
+        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait=0.2, queen=client)
+        def job() -> str:
+            return "ran"
+
+        with pytest.raises(qs.LockBusyError):
+            job()
+
+
+class TestBadArguments:
+    @pytest.mark.parametrize(("kwargs", "error"), [
+        ({"on_busy": "later"}, ValueError),
+        ({"on_lost": "panic"}, ValueError),
+        ({"on_busy": "wait"}, ValueError),
+        ({"ttl": "soon"}, ValueError),
+        ({"ttl": -1}, ValueError),
+        ({"once_per": "daily"}, ValueError),
+        ({"queen": "sqlite:///x.db"}, TypeError),
+        ({"bind": 1}, TypeError),
+        ({"supervision": ""}, ValueError),
+    ])
+    def test_a_bad_argument_fails_at_decoration_before_any_io(
+            self, kwargs: dict[str, Any], error: type[Exception], tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("QUEEN_URL", "sqlite://" + str(tmp_path / "untouched.db"))
+        with pytest.raises(error):
+            qs.singleton_job("job", **kwargs)
+        assert not (tmp_path / "untouched.db").exists(), "nothing may be opened"
+
+    def test_a_name_the_wire_refuses_fails_at_decoration(self) -> None:
+        with pytest.raises(ValueError, match="#"):
+            qs.singleton_job("a#b")
+
+
+class TestLoss:
+    """Loss is driven by hand: a manual clock and the renewer ticked by the test."""
+
+    @pytest.fixture
+    def manual(self, sqlite_url: str, clock: ManualClock) -> Iterator[qs.Queen]:
+        with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
+            yield q
+
+    def _lose(self, manual: qs.Queen, other: qs.Queen, clock: ManualClock) -> qs.Lock:
+        lock = qs.current_lock()
+        assert lock is not None and lock.token is not None
+        assert other.locks.release(lock.name, token=lock.token)
+        clock.advance(lock.renew_every + 0.1)
+        manual.renewer.tick()
+        return lock
+
+    def test_ignore_only_sets_lost_and_the_body_goes_on(self, manual: qs.Queen, other: qs.Queen,
+                                                        clock: ManualClock) -> None:
+        @qs.singleton_job("job", ttl="30s", on_lost="ignore", queen=manual)
+        def job() -> tuple[bool, str]:
+            lock = self._lose(manual, other, clock)
+            return lock.lost.is_set(), "finished"
+
+        assert job() == (True, "finished"), "the body must run to its end"
+
+    def test_a_callable_is_called_with_the_lock(self, manual: qs.Queen, other: qs.Queen,
+                                                clock: ManualClock) -> None:
+        called: list[qs.Lock] = []
+        done = threading.Event()
+
+        def on_lost(lock: qs.Lock) -> None:
+            called.append(lock)
+            done.set()
+
+        @qs.singleton_job("job", ttl="30s", on_lost=on_lost, queen=manual)
+        def job() -> qs.Lock:
+            lock = self._lose(manual, other, clock)
+            assert done.wait(5), "the handler must be called"
+            return lock
+
+        lock = job()
+        assert called == [lock] and lock is not None and lock.lost_reason == "renew", called
+
+    def test_interrupt_outside_the_main_thread_logs_and_sets_lost(
+            self, manual: qs.Queen, other: qs.Queen, clock: ManualClock,
+            caplog: pytest.LogCaptureFixture) -> None:
+        @qs.singleton_job("job", ttl="30s", queen=manual)
+        def job() -> bool:
+            lock = self._lose(manual, other, clock)
+            deadline = time.monotonic() + 5
+            while "cannot be interrupted" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return lock.lost.is_set()
+
+        results: list[Optional[bool]] = []
+        with caplog.at_level(logging.WARNING, logger="queen_sync"):
+            worker = threading.Thread(target=lambda: results.append(job()))
+            worker.start()
+            worker.join(10)
+        assert results == [True], f"the body must finish with lost set: {results}"
+        assert "cannot be interrupted" in caplog.text, caplog.text
+
+
+class TestOncePerPeriod:
+    def test_a_second_call_in_the_same_period_skips_saying_when_and_by_whom(
+            self, client: qs.Queen, other: qs.Queen, caplog: pytest.LogCaptureFixture,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        now = [1_700_000_000.0]
+        monkeypatch.setattr(_singleton, "_wall", lambda: now[0])
+        runs: list[str] = []
+
+        def make(q: qs.Queen) -> Any:
+            @qs.singleton_job("daily", ttl="30s", once_per="1d", queen=q)
+            def daily() -> str:
+                lock = qs.current_lock()
+                runs.append(lock.owner if lock else "")
+                return "ran"
+            return daily
+
+        here, there = make(client), make(other)
+        assert here() == "ran", "the first call of the period runs"
+        now[0] += 3600
+        with caplog.at_level(logging.INFO, logger="queen_sync"):
+            assert there() is None, "another host in the same period skips"
+        assert len(runs) == 1 and runs[0] in caplog.text, caplog.text
+        assert "already ran" in caplog.text and "2023-11-14" in caplog.text, caplog.text
+        now[0] += 86400
+        assert there() == "ran", "the next period runs again"
+        assert len(runs) == 2
+
+    def test_a_failed_run_is_not_recorded(self, client: qs.Queen,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_singleton, "_wall", lambda: 1_700_000_000.0)
+        attempts: list[int] = []
+
+        @qs.singleton_job("flaky", ttl="30s", once_per="1h", queen=client)
+        def flaky() -> str:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise RuntimeError("first attempt fails")
+            return "ok"
+
+        with pytest.raises(RuntimeError):
+            flaky()
+        assert flaky() == "ok" and flaky() is None, "retried after a failure, then done"
+        assert len(attempts) == 2
+
+    def test_the_completion_is_written_only_while_the_lease_is_held(
+            self, client: qs.Queen, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_singleton, "_wall", lambda: 1_700_000_000.0)
+
+        @qs.singleton_job("fenced", ttl="30s", once_per="1h", queen=client, on_lost="ignore")
+        def fenced() -> str:
+            lock = qs.current_lock()
+            assert lock is not None and lock.token is not None
+            assert client.locks.release("fenced", token=lock.token)
+            lock._lose("renew")  # what the renewer concludes at its next renew
+            return "ran"
+
+        assert fenced() == "ran"
+        assert fenced() == "ran", "an unrecorded completion must not make the period done"
+
+
+class TestDefaultClient:
+    @pytest.fixture(autouse=True)
+    def _fresh(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+        monkeypatch.setattr(_default, "_client", None)
+        yield
+        client = _default._client
+        if client is not None:
+            client.close()
+
+    def test_queen_none_uses_the_default_client_from_queen_url(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        url = "sqlite://" + str(tmp_path / "default.db")
+        monkeypatch.setenv("QUEEN_URL", url)
+
+        @qs.singleton_job("uses-default", ttl="30s")
+        def job() -> str:
+            return qs.default_client().url
+
+        assert job() == url and (tmp_path / "default.db").exists(), "the default is QUEEN_URL"
+        assert qs.default_client() is qs.default_client(), "one client per process"
+
+    def test_the_default_client_follows_queen_url_and_survives_close(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("QUEEN_URL", "sqlite://" + str(tmp_path / "a.db"))
+        first = qs.default_client()
+        first.close()
+        reopened = qs.default_client()
+        assert reopened is not first and not reopened._closed, "a closed default is rebuilt"
+        monkeypatch.setenv("QUEEN_URL", "sqlite://" + str(tmp_path / "b.db"))
+        moved = qs.default_client()
+        assert moved.url.endswith("b.db") and reopened._closed, "an idle old default is closed"
