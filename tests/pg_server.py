@@ -85,7 +85,9 @@ class PgServer:
         self.bin_dir = bin_dir
         self.fsync = fsync
         self.user = _unprivileged_user()
-        self.root = tempfile.mkdtemp(prefix="queen_sync_pg_")
+        # The server's user must reach the folder: a root-only TMPDIR would not do.
+        self.root = tempfile.mkdtemp(prefix="queen_sync_pg_",
+                                     dir="/tmp" if self.user is not None else None)
         self.data = os.path.join(self.root, "data")
         self.log = os.path.join(self.root, "server.log")
         self.port = free_port()
@@ -105,7 +107,14 @@ class PgServer:
         server = cls(bin_dir, fsync=fsync)
         try:
             server.initdb()
-            server.start()
+            for attempt in range(3):
+                try:
+                    server.start()
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
+                    server.port = free_port()  # another process took the port meanwhile
         except BaseException:
             server.destroy()
             raise
