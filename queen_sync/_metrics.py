@@ -14,6 +14,10 @@ OUTCOMES = (
     "released",
 )
 TIMINGS = ("acquire_wait_seconds", "renew_rtt_seconds")
+_TIMING_HELP = {
+    "acquire_wait_seconds": "Time from asking to holding, per successful acquire (contention).",
+    "renew_rtt_seconds": "Round trip of each batched renew call (engine health).",
+}
 
 
 class Metrics:
@@ -74,7 +78,8 @@ class Metrics:
         ]
         for name in TIMINGS:
             metric = f"queen_sync_{name}"
-            lines += [f"# TYPE {metric} summary", f"{metric}_count {snap[name]['count']}",
+            lines += [f"# HELP {metric} {_TIMING_HELP[name]}", f"# TYPE {metric} summary",
+                      f"{metric}_count {snap[name]['count']}",
                       f"{metric}_sum {snap[name]['sum']:.6f}"]
         margin = snap["renew_margin_min_seconds"]
         lines += [
