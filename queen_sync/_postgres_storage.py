@@ -113,7 +113,7 @@ def _row(record: Sequence[Any]) -> Row:
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"))
 
 
 def channel_for(schema: str) -> str:
