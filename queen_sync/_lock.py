@@ -61,8 +61,9 @@ class Lock:
 
     In a notebook, re-running a cell never waits on the kernel's own earlier
     handle: acquiring in an IPython cell first releases (with a warning) the
-    handles on the same name and limit that this thread took in EARLIER cells
-    and that no ``with``/``run`` block is using. Outside IPython, handles contend as usual.
+    handles on the same name and limit that this thread took in EARLIER cells,
+    that no ``with``/``run`` block is using and that no notebook variable still
+    refers to. Outside IPython, handles contend as usual.
     """
 
     def __init__(
