@@ -26,9 +26,8 @@ import json
 import logging
 import os
 import threading
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import psycopg
 import psycopg_pool
@@ -36,15 +35,13 @@ from psycopg import ClientCursor
 
 from ._errors import EngineError, EngineUnavailableError, QueenError
 from ._ops import LOCKS_NS
+from ._postgres_sql import CLOCK, SCHEMA_VERSION, Statement, Statements, signed32
 from ._storage import Row, StorageConflict
 
 log = logging.getLogger("queen_sync")
 
-SCHEMA_VERSION = 1
 _POOL_WAIT = 0.25
-_COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 1000
-_CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 # Every driver exception type this package catches, each translated by ``translate``.
 CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
@@ -79,12 +76,8 @@ def translate(exc: psycopg.Error, where: str) -> QueenError:
     raise TypeError(f"not a driver error: {exc!r}")  # pragma: no cover - psycopg.Error matches
 
 
-def _signed32(value: int) -> int:
-    return value - (1 << 32) if value >= (1 << 31) else value
-
-
 def _entity_key(entity: str) -> int:
-    return _signed32(int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=4).digest(),
+    return signed32(int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=4).digest(),
                                     "big"))
 
 
@@ -116,99 +109,12 @@ def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def channel_for(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of one schema (a short digest: channel names are capped)."""
-    return "queen_sync_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
-
-
-class Statements:
-    """The SQL of one schema, rendered once (the schema name is validated, so quoting is safe)."""
-
-    def __init__(self, schema: str) -> None:
-        s = f'"{schema}"'
-        kv = f"{s}.kv"
-        self.schema = schema
-        self.lock_class = _signed32(zlib.crc32(f"queen_sync:{schema}".encode()))
-        self.channel = channel_for(schema)
-        self.ddl = (
-            f"CREATE SCHEMA IF NOT EXISTS {s};"
-            f"CREATE TABLE IF NOT EXISTS {kv} ("
-            ' ns text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, value json NOT NULL,'
-            " version bigint NOT NULL, expires_at bigint, created_at bigint NOT NULL,"
-            " updated_at bigint NOT NULL, prev_version bigint, PRIMARY KEY (ns, key));"
-            f"CREATE INDEX IF NOT EXISTS kv_expiry ON {kv} (expires_at)"
-            " WHERE expires_at IS NOT NULL;"
-            f"CREATE SEQUENCE IF NOT EXISTS {s}.version AS bigint;"
-            f"CREATE TABLE IF NOT EXISTS {s}.meta (name text PRIMARY KEY, value bigint NOT NULL);"
-            f"INSERT INTO {s}.meta (name, value) VALUES ('schema', {SCHEMA_VERSION})"
-            " ON CONFLICT (name) DO UPDATE SET value = GREATEST(meta.value, EXCLUDED.value)"
-        )
-        self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
-        self.read = f"SELECT {_COLUMNS} FROM {kv} WHERE ns = %s AND key = %s"
-        self.read_prefix = (
-            f"SELECT {_COLUMNS} FROM {kv} WHERE ns = %s AND key >= %s AND key > %s"
-            " AND (%s::text IS NULL OR key < %s) AND starts_with(key, %s)"
-            " AND (expires_at IS NULL OR expires_at > %s) ORDER BY key LIMIT %s"
-        )
-        # Divides by zero (failing the transaction) if the row vanished under its lock.
-        self.update = (
-            f"WITH u AS (UPDATE {kv} SET value = %s, version = %s, expires_at = %s,"
-            " created_at = %s, updated_at = %s, prev_version = %s WHERE ns = %s AND key = %s"
-            " RETURNING 1) SELECT 1 / count(*) FROM u"
-        )
-        self.insert = (
-            f"INSERT INTO {kv} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-        )
-        self.delete_expired = (
-            f"DELETE FROM {kv} WHERE ns = %s AND key = %s AND expires_at <= %s"
-        )
-        self.delete = f"DELETE FROM {kv} WHERE ns = %s AND key = %s"
-        self.notify = "SELECT pg_notify(%s, %s)"
-        self.sweep = (
-            f"DELETE FROM {kv} WHERE (ns, key) IN (SELECT ns, key FROM {kv}"
-            " WHERE expires_at <= %s LIMIT 256 FOR UPDATE SKIP LOCKED)"
-        )
-        self.fence = (
-            f"SELECT 1 FROM {kv} WHERE ns = %s AND key = %s AND version = %s"
-            f" AND (expires_at IS NULL OR expires_at > ({_CLOCK})) FOR KEY SHARE"
-        )
-        self.next_version = f"SELECT nextval('{s}.version'::regclass)"
-        self.clock_and_versions = [
-            f"SELECT ({_CLOCK}), ARRAY[]::bigint[]",
-            f"SELECT ({_CLOCK}), ARRAY[nextval('{s}.version'::regclass)]",
-            f"SELECT ({_CLOCK}), ARRAY(SELECT nextval('{s}.version'::regclass)"
-            " FROM generate_series(1, %s))",
-        ]
-        self._fetch_head = f"SELECT {_COLUMNS} FROM {kv} WHERE "
-        self.lock = "SELECT pg_advisory_xact_lock(%s, %s)"
-
-    def draw(self, versions: int) -> tuple[str, Sequence[Any]]:
-        """The clock, and ``versions`` new versions (after the locks: above their holders')."""
-        if versions <= 1:
-            return self.clock_and_versions[versions], ()
-        return self.clock_and_versions[2], (versions,)
-
-    def fetch(self, entities: Iterable[str]) -> tuple[str, list[Any]]:
-        """One SELECT of every row of these entities (lock names' permits, single keys)."""
-        conditions, params = [], []
-        for entity in entities:
-            if entity.startswith("L"):
-                conditions.append("(ns = %s AND key >= %s AND key < %s)")
-                params += [LOCKS_NS, entity[1:] + "#", entity[1:] + "$"]
-            else:
-                ns, key = entity[1:].split("/", 1)
-                conditions.append("(ns = %s AND key = %s)")
-                params += [ns, key]
-        return self._fetch_head + " OR ".join(conditions), params
-
-
 # Lost races that running the body again resolves.
 _CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
               psycopg.errors.SerializationFailure, psycopg.errors.DivisionByZero)
 _MINTS = frozenset({"acquire", "renew", "put", "putIfAbsent", "incr"})
 _KEYED = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
 
-Statement = tuple[str, Sequence[Any]]
 _Pool = psycopg_pool.ConnectionPool[psycopg.Connection[Any]]
 
 
@@ -277,15 +183,15 @@ class PgTxn:
         script: list[Statement] = [(begin, ())]
         script += [(sql.lock, (sql.lock_class, _entity_key(e))) for e in ordered]
         script.append(sql.draw(plan.versions))
-        if ordered:
-            script.append(sql.fetch(ordered))
-        results = self._roundtrip(script)
+        fetches = sql.fetch(ordered) if ordered else []
+        results = self._roundtrip([*script, *fetches])
         self._held = set(ordered)
-        clock_row = results[-2 if ordered else -1][1][0]
+        clock_row = results[len(results) - len(fetches) - 1][1][0]
         self._now = int(clock_row[0])
         self._spares = sorted(int(v) for v in clock_row[1])
         if ordered:
-            self._remember(ordered, results[-1][1])
+            fetched = results[len(results) - len(fetches):]
+            self._remember(ordered, [record for _, records in fetched for record in records])
 
     def _remember(self, entities: Sequence[str], records: Sequence[Any]) -> None:
         wanted = set(entities)
@@ -337,8 +243,10 @@ class PgTxn:
         if entity is not None and entity in self._complete:
             return self._cached_prefix(prefix, after or "", limit, now_ms)
         end = _prefix_end(prefix)
-        records = self._ask(entity, (self._sql.read_prefix, (ns, prefix, after or "", end, end,
-                                                             prefix, now_ms, limit)))
+        query: Statement = (
+            (self._sql.read_prefix, (ns, prefix, end, after or "", now_ms, limit)) if end else
+            (self._sql.read_prefix_unbounded, (ns, prefix, after or "", prefix, now_ms, limit)))
+        records = self._ask(entity, query)
         rows = [_row(record) for record in records]
         for row in rows:
             self._rows[(row.ns, row.key)] = row
@@ -362,7 +270,7 @@ class PgTxn:
         entity = _entity_of(row.ns, row.key)
         known = self._rows.get((row.ns, row.key))
         if known is not None and known.live_at(self._now):
-            statements = [(self._sql.update, (*values, row.ns, row.key))]
+            statements = [(self._sql.update, (row.ns, row.key, *values))]
         elif known is None and ((row.ns, row.key) in self._rows or entity in self._complete):
             statements = [(self._sql.insert, (row.ns, row.key, *values))]  # known to be absent
         else:
@@ -440,6 +348,11 @@ class PostgresStorage:
         self._track(conn)
         return conn
 
+    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+        """Make a connection ready for bodies: remembered, with the statements prepared."""
+        self._track(conn)
+        conn.execute(self.sql.prepare)
+
     def _track(self, conn: psycopg.Connection[Any]) -> None:
         # Remembered so a forked child can detach from them without closing the parent's.
         with self._mutex:
@@ -460,7 +373,7 @@ class PostgresStorage:
                 self._pool = psycopg_pool.ConnectionPool(
                     self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
                     kwargs={"autocommit": True, "cursor_factory": ClientCursor},
-                    configure=self._track, timeout=self._timeout, name="queen_sync",
+                    configure=self._prepare, timeout=self._timeout, name="queen_sync",
                     num_workers=1, open=True)
             return self._pool
 
@@ -472,7 +385,7 @@ class PostgresStorage:
                 if record is not None and record[0] >= SCHEMA_VERSION:
                     return
             with conn.transaction():
-                conn.execute(self.sql.lock, (self.sql.lock_class, 0))
+                conn.execute(self.sql.migration_lock, (self.sql.lock_class,))
                 conn.execute(self.sql.ddl)
         log.info("queen_sync schema %r ready in PostgreSQL at %s", self.sql.schema, self.where)
 
@@ -487,9 +400,15 @@ class PostgresStorage:
             raise translate(exc, self.where) from exc
         # Connecting here, now, answers at once: a connection, or libpq's reason why not.
         try:
-            return self.connect(), None
+            conn = self.connect()
         except psycopg.Error as exc:
             raise translate(exc, self.where) from exc
+        try:
+            conn.execute(self.sql.prepare)
+        except psycopg.Error as exc:
+            conn.close()
+            raise translate(exc, self.where) from exc
+        return conn, None
 
     def _checkin(self, conn: psycopg.Connection[Any], pool: Optional[_Pool]) -> None:
         if not _lost(conn) and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -571,7 +490,7 @@ class PostgresStorage:
         """Delete a batch of expired rows; skips rows someone holds (a fence, a body)."""
         try:
             with self._open_pool().connection(timeout=_POOL_WAIT) as conn:
-                now = _fetch_one(conn.execute(_CLOCK))[0]
+                now = _fetch_one(conn.execute(CLOCK))[0]
                 conn.execute(self.sql.sweep, (now,))
         except psycopg.Error as exc:
             log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
