@@ -143,3 +143,25 @@ class TestReadme:
         assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"
         assert re.fullmatch(r"holding daily-report token \d+\n", done.stdout), done.stdout
         assert state.exists(), "the embedded default is a file in the user's state directory"
+
+
+DOC_PAGES = ["docs/reference/cli.md", "docs/how-to/cron-job.md"]
+
+
+def _doc_commands(page: str) -> list[str]:
+    text = (REPO / page).read_text()
+    blocks = re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+    return [line for block in blocks for line in block.splitlines()
+            if line.startswith("queen-sync ")]
+
+
+class TestDocs:
+    @pytest.mark.parametrize("page", DOC_PAGES)
+    def test_every_queen_sync_line_in_the_docs_runs(self, cli: Cli, page: str) -> None:
+        commands = _doc_commands(page)
+        assert commands, f"{page} shows no queen-sync command"
+        for command in commands:
+            done = cli.run(*_as_argv(command))
+            allowed = {0, 1} if " release " in f" {command} " else {0}
+            assert done.returncode in allowed, (
+                f"{page}: {command!r} exited {done.returncode}: {done.stderr}")
