@@ -6,9 +6,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -28,16 +27,6 @@ def child_waiting_for(go: Path, report: Path) -> list[str]:
         "    time.sleep(0.02)\n"
     )
     return [sys.executable, "-c", code]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Cli:

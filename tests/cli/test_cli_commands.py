@@ -18,8 +18,8 @@ from cli_helpers import (
     Cli,
     child_waiting_for,
     cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
-    wait_for,
 )
+from polling import wait_for
 
 import queen_sync as qs
 

@@ -14,8 +14,8 @@ from cli_helpers import (
     Cli,
     child_waiting_for,
     cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
-    wait_for,
 )
+from polling import wait_for
 
 LOST_EXIT = 76
 BUSY_EXIT = 75

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from polling import wait_for
 
 import queen_sync as qs
 
@@ -52,16 +53,6 @@ else:
 '''
 
 
-def _wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Jobs:
     def __init__(self, folder: Path, url: str) -> None:
         self.folder = folder
@@ -96,9 +87,9 @@ class TestOneRunsAtATime:
     def test_two_processes_calling_one_job_concurrently_run_it_exactly_once(
             self, jobs: Jobs, tmp_path: Path) -> None:
         first, second = jobs.start("race", "skip"), jobs.start("race", "skip")
-        _wait_for(lambda: list(tmp_path.glob("ran-*")), "one job to start")
-        loser = _wait_for(lambda: next((p for p in (first, second) if p.poll() is not None),
-                                       None), "the other caller to skip")
+        wait_for(lambda: list(tmp_path.glob("ran-*")), what="one job to start")
+        loser = wait_for(lambda: next((p for p in (first, second) if p.poll() is not None),
+                                       None), what="the other caller to skip")
         (tmp_path / "go").touch()
         results = [jobs.finish(p) for p in (first, second)]
         ran = list(tmp_path.glob("ran-*"))
@@ -110,7 +101,7 @@ class TestOneRunsAtATime:
     def test_on_busy_raise_raises_lock_busy_error_carrying_the_holders(
             self, jobs: Jobs, tmp_path: Path) -> None:
         holder = jobs.start("race", "raise")
-        ran = _wait_for(lambda: list(tmp_path.glob("ran-*")), "the first job to start")
+        ran = wait_for(lambda: list(tmp_path.glob("ran-*")), what="the first job to start")
         code, answer, _ = jobs.finish(jobs.start("race", "raise"))
         (tmp_path / "go").touch()
         jobs.finish(holder)
@@ -120,8 +111,8 @@ class TestOneRunsAtATime:
 
 class TestLosingTheLease:
     def _take_away(self, url: str, folder: Path) -> float:
-        token = int(_wait_for(lambda: (folder / "token").exists()
-                              and (folder / "token").read_text(), "the job to start"))
+        token = int(wait_for(lambda: (folder / "token").exists()
+                              and (folder / "token").read_text(), what="the job to start"))
         with qs.Queen(url) as q:
             assert q.locks.release("long", token=token), "the operator's release must apply"
         return time.monotonic()
