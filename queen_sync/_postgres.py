@@ -14,8 +14,10 @@ The lock and key/value semantics are the embedded engines' (``_semantics``),
 run over ``PostgresStorage``: rows in a schema of their own (``queen_sync`` by
 default, ``?schema=name`` to choose), tokens from a sequence, expiry by the
 database clock. A release wakes waiters on any machine through LISTEN/NOTIFY.
-It needs PostgreSQL 11 or later, and a user that may create the schema (or a
-schema created beforehand by one that may).
+It needs PostgreSQL 11 or later, a user that may create the schema (or a schema
+created beforehand by one that may), and a session of its own per connection:
+connect directly or through a session-mode pooler, since it PREPAREs statements
+and LISTENs.
 
 URL options besides libpq's own: ``schema``, ``timeout`` (seconds per call and
 to connect), ``pool_min_size``, ``pool_max_size``. Everything else in the URL
