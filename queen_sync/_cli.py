@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -99,7 +100,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=30)
 
 
-def _duration(what: str) -> Callable[[str], float]:
+def duration_arg(what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             return parse_duration(text, what=what)
@@ -109,8 +110,11 @@ def _duration(what: str) -> Callable[[str], float]:
     return parse
 
 
-def _wait(text: str) -> float:
-    return 0.0 if text.strip() == "0" else _duration("--wait")(text)
+def wait_arg(text: str) -> float:
+    """A ``--wait`` value: a duration, or zero in any spelling (``0``, ``0s``) for no wait."""
+    if re.fullmatch(r"\s*0+(\.0*)?(ms|s|m|h|d)?\s*", text):
+        return 0.0
+    return duration_arg("--wait")(text)
 
 
 def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
@@ -144,15 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command while holding a lease (like flock -n, across hosts)",
         description="Run CMD while holding the lease NAME; exit 75 at once when it is busy.")
     run.add_argument("name", metavar="NAME")
-    run.add_argument("--ttl", type=_duration("--ttl"), default=300.0,
+    run.add_argument("--ttl", type=duration_arg("--ttl"), default=300.0,
                      help="lease lifetime, renewed at a third of it (default 5m)")
-    run.add_argument("--wait", type=_wait, default=0.0,
+    run.add_argument("--wait", type=wait_arg, default=0.0,
                      help="how long to wait for a busy lease (default 0: do not wait)")
     run.add_argument("--limit", type=_int(1, 1024), default=1,
                      help="permits of NAME (a semaphore when > 1; default 1)")
     run.add_argument("--busy-exit-code", type=_int(0, 255), default=EX_BUSY,
                      help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
-    run.add_argument("--grace", type=_duration("--grace"), default=10.0,
+    run.add_argument("--grace", type=duration_arg("--grace"), default=10.0,
                      help="after a lost lease, SIGTERM then SIGKILL this much later (default 10s)")
     holders = commands.add_parser(
         "holders", parents=[common], formatter_class=_Help, epilog=_HOLDERS_EPILOG,

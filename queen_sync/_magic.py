@@ -21,7 +21,7 @@ import linecache
 import shlex
 from typing import Any, NoReturn, Optional
 
-from ._durations import parse_duration
+from ._cli import duration_arg, wait_arg
 from ._singleton import describe_holders
 
 _USAGE_EXAMPLE = "%%lock retrain --ttl 10m --wait 30s"
@@ -36,8 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%%lock", add_help=False,
                      description="Run the cell while holding the lease NAME.")
     parser.add_argument("name")
-    parser.add_argument("--ttl", default="10m", help="the lease's lifetime (default 10m)")
-    parser.add_argument("--wait", default="0", help="how long to wait when busy (default 0)")
+    parser.add_argument("--ttl", type=duration_arg("--ttl"), default=600.0,
+                        help="the lease's lifetime (default 10m)")
+    parser.add_argument("--wait", type=wait_arg, default=0.0,
+                        help="how long to wait when busy (default 0)")
     parser.add_argument("--limit", type=int, default=1, help="permits (a semaphore when > 1)")
     parser.add_argument("--url", default=None, help="engine URL (default: the default client)")
     return parser
@@ -62,8 +64,7 @@ def run_locked_cell(shell: Any, line: str, cell: str) -> Any:
         ValueError: for a malformed line, before anything is sent.
     """
     args = _parser().parse_args(shlex.split(line))
-    ttl = parse_duration(args.ttl, what="--ttl")
-    wait = 0.0 if args.wait.strip() in ("0", "") else parse_duration(args.wait, what="--wait")
+    ttl, wait = args.ttl, args.wait
     from ._client import Queen
     from ._default import default_client
 

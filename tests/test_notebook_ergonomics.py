@@ -193,6 +193,47 @@ class TestRerunningACell:
             q.close()
 
 
+class PlainShell:
+    """The parts of an IPython shell the magic uses, without IPython."""
+
+    def __init__(self) -> None:
+        self.user_ns: dict[str, Any] = {"qs": qs}
+
+    def transform_cell(self, cell: str) -> str:
+        return cell
+
+
+class TestTheMagicWithoutAKernel:
+    @pytest.fixture(autouse=True)
+    def _default_url(self, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("QUEEN_URL", sqlite_url)
+
+    def test_the_cell_runs_in_the_namespace_and_its_last_value_comes_back(self) -> None:
+        from queen_sync._magic import run_locked_cell
+
+        shell = PlainShell()
+        value = run_locked_cell(shell, "job --ttl 1m --wait 0s",
+                                "x = qs.current_lock().name\nx.upper()")
+        assert value == "JOB" and shell.user_ns["x"] == "job", (value, shell.user_ns)
+
+    def test_a_busy_lock_prints_the_holder_and_skips_the_cell(
+            self, sqlite_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+        from queen_sync._magic import run_locked_cell
+
+        shell = PlainShell()
+        with qs.Queen(sqlite_url) as other, other.lock("job", ttl="1m") as holder:
+            assert run_locked_cell(shell, "job --ttl 1m", "ran = True") is None
+        out = capsys.readouterr().out
+        assert "busy" in out and holder.owner in out and "ran" not in shell.user_ns, out
+
+    @pytest.mark.parametrize("line", ["", "job --ttl soon", "job --wait later", "job --bogus"])
+    def test_a_bad_line_is_a_value_error_naming_an_example(self, line: str) -> None:
+        from queen_sync._magic import run_locked_cell
+
+        with pytest.raises(ValueError, match="%%lock"):
+            run_locked_cell(PlainShell(), line, "pass")
+
+
 NOTEBOOK_CELLS: list[tuple[str, list[str]]] = [
     ("import os, threading, time\nos.environ['QUEEN_URL'] = {url!r}\nimport queen_sync as qs\n"
      "%load_ext queen_sync", []),
