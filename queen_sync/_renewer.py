@@ -1,9 +1,12 @@
 """The renewer: ONE daemon thread per client, renewing every due lease in ONE batched call.
 
 Each tick it marks lost every lease past its local deadline (``expired``), then
-sends one ``locks`` call renewing every lease that is due. A call that fails is
-not a loss: those leases are retried sooner, until their deadline. The thread
-exits when nothing is held and comes back when something is.
+sends one ``locks`` call renewing every lease that is due, together with those
+due within half their renew period: leases taken at scattered moments then fall
+into one batch instead of one call each. A call that fails is not a loss: those
+leases are retried sooner, until their deadline. The thread exits when nothing
+has been held for a moment (so a tight acquire/release loop does not start one
+thread per acquire) and comes back when something is.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("queen_sync")
 
 _IDLE_CHECK = 60.0
+_LINGER = 0.5  # seconds the thread stays with nothing held before it exits
 
 
 class Renewer:
@@ -34,6 +38,7 @@ class Renewer:
         self._thread: Optional[threading.Thread] = None
         self._wake = threading.Event()
         self._stopping = False
+        self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
         self.ticks = 0
         self.calls = 0
 
@@ -44,14 +49,18 @@ class Renewer:
                 self._thread = threading.Thread(target=self._loop, name="queen_sync-renewer",
                                                 daemon=True)
                 self._thread.start()
-        self._wake.set()
+            planned = self._planned
+        # Wake the thread only when this lease needs it before it means to look anyway.
+        if planned <= 0.0 or min(lock._next_renew, lock._deadline) < planned:
+            self._wake.set()
 
     def unregister(self, lock: Lock) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
             idle = not self._locks
-        if idle:
-            self._wake.set()  # let the thread see it has nothing left and exit
+            planned = self._planned
+        if idle and (planned <= 0.0 or planned > self._client._clock.monotonic() + _LINGER):
+            self._wake.set()  # let the thread see it has nothing left, linger, then exit
 
     def held(self) -> list[Lock]:
         with self._mutex:
@@ -74,6 +83,9 @@ class Renewer:
                 live.append(lock)
         due = [lock for lock in live if lock._next_renew <= now]
         if due:
+            # The call goes out anyway: take along what falls due soon, so batches merge.
+            due += [lock for lock in live
+                    if now < lock._next_renew <= now + lock.renew_every / 2]
             self._renew(due)
         return self._next_wake(clock.monotonic())
 
@@ -109,18 +121,28 @@ class Renewer:
 
     def _loop(self) -> None:
         clock = self._client._clock
+        lingered = False
         while True:
+            self._wake.clear()  # before looking, so a register from now on is never missed
             with self._mutex:
-                if not self._locks or self._stopping:
+                self._planned = 0.0
+                idle = not self._locks
+                if self._stopping or (idle and lingered):
                     self._thread = None
                     return
-            self._wake.clear()
+                if idle:
+                    self._planned = clock.monotonic() + _LINGER
+            lingered = idle
+            if idle:
+                clock.wait(self._wake, _LINGER)
+                continue
             try:
                 delay = self.tick()
             except Exception:
                 # Never die silently: log, and keep renewing the others.
                 log.exception("queen_sync renewer tick failed; continuing")
                 delay = 0.1
+            self._planned = clock.monotonic() + delay
             clock.wait(self._wake, delay)
 
     def stop(self, timeout: float = 2.0) -> None:
