@@ -7,7 +7,6 @@ import threading
 from typing import Any, Iterator
 
 import pytest
-from conftest import ManualClock
 
 import queen_sync as qs
 
@@ -16,7 +15,7 @@ OUTCOMES = {"acquired", "busy", "renewed", "renew_error", "lost_renew", "lost_gu
 
 
 @pytest.fixture
-def mq(sqlite_url: str, clock: ManualClock) -> Iterator[qs.Queen]:
+def mq(sqlite_url: str, clock: Any) -> Iterator[qs.Queen]:
     """A client whose renewer the test ticks by hand on a manual clock."""
     with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
         yield q
@@ -33,7 +32,7 @@ def _counts(q: qs.Queen) -> dict[str, int]:
     return counts
 
 
-def _renew_now(q: qs.Queen, clock: ManualClock, lock: qs.Lock) -> None:
+def _renew_now(q: qs.Queen, clock: Any, lock: qs.Lock) -> None:
     clock.advance(lock.renew_every + 0.01)
     q.renewer.tick()
 
@@ -54,7 +53,7 @@ class TestCounters:
         assert set(_counts(mq)) == OUTCOMES and not any(_counts(mq).values()), _counts(mq)
 
     def test_a_renew_counts_and_records_its_round_trip_and_margin(
-            self, mq: qs.Queen, clock: ManualClock) -> None:
+            self, mq: qs.Queen, clock: Any) -> None:
         lock = mq.lock("a", ttl="30s")
         assert lock.acquire()
         _renew_now(mq, clock, lock)
@@ -65,7 +64,7 @@ class TestCounters:
         assert snap["renew_margin_min_seconds"] == pytest.approx(expected_margin), snap
 
     def test_a_failed_renew_counts_renew_error_not_a_loss(
-            self, mq: qs.Queen, clock: ManualClock) -> None:
+            self, mq: qs.Queen, clock: Any) -> None:
         lock = mq.lock("a", ttl="30s")
         assert lock.acquire()
         real = mq._engine.call
@@ -83,7 +82,7 @@ class TestCounters:
         assert lock.held and mq.metrics.snapshot()["held"] == 1, "an outage is not a loss"
 
     def test_losses_are_counted_by_reason(self, mq: qs.Queen, other: qs.Queen,
-                                          clock: ManualClock) -> None:
+                                          clock: Any) -> None:
         renewed_away = mq.lock("renew", ttl="30s")
         expired = mq.lock("expire", ttl="30s", auto_renew=False)
         guarded = mq.lock("guard", ttl="30s", auto_renew=False)

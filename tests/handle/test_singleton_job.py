@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
-from conftest import ManualClock
 
 import queen_sync as qs
 from queen_sync import _default, _singleton
@@ -181,11 +180,11 @@ class TestLoss:
     """Loss is driven by hand: a manual clock and the renewer ticked by the test."""
 
     @pytest.fixture
-    def manual(self, sqlite_url: str, clock: ManualClock) -> Iterator[qs.Queen]:
+    def manual(self, sqlite_url: str, clock: Any) -> Iterator[qs.Queen]:
         with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
             yield q
 
-    def _lose(self, manual: qs.Queen, other: qs.Queen, clock: ManualClock) -> qs.Lock:
+    def _lose(self, manual: qs.Queen, other: qs.Queen, clock: Any) -> qs.Lock:
         lock = qs.current_lock()
         assert lock is not None and lock.token is not None
         assert other.locks.release(lock.name, token=lock.token)
@@ -194,7 +193,7 @@ class TestLoss:
         return lock
 
     def test_ignore_only_sets_lost_and_the_body_goes_on(self, manual: qs.Queen, other: qs.Queen,
-                                                        clock: ManualClock) -> None:
+                                                        clock: Any) -> None:
         @qs.singleton_job("job", ttl="30s", on_lost="ignore", queen=manual)
         def job() -> tuple[bool, str]:
             lock = self._lose(manual, other, clock)
@@ -203,7 +202,7 @@ class TestLoss:
         assert job() == (True, "finished"), "the body must run to its end"
 
     def test_a_callable_is_called_with_the_lock(self, manual: qs.Queen, other: qs.Queen,
-                                                clock: ManualClock) -> None:
+                                                clock: Any) -> None:
         called: list[qs.Lock] = []
         done = threading.Event()
 
@@ -221,7 +220,7 @@ class TestLoss:
         assert called == [lock] and lock is not None and lock.lost_reason == "renew", called
 
     def test_interrupt_outside_the_main_thread_logs_and_sets_lost(
-            self, manual: qs.Queen, other: qs.Queen, clock: ManualClock,
+            self, manual: qs.Queen, other: qs.Queen, clock: Any,
             caplog: pytest.LogCaptureFixture) -> None:
         @qs.singleton_job("job", ttl="30s", queen=manual)
         def job() -> bool:
