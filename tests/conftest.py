@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Iterator
 
 import pytest
 from engine_factories import ENGINE_FACTORIES
+from manual_clock import ManualClock
 from pg_server import pg_server, pg_url  # noqa: F401  (session fixtures for the postgres engine)
 
 import queen_sync as qs
@@ -28,22 +28,6 @@ def q(engine_url: str) -> Iterator[qs.Queen]:
     client = qs.Queen(engine_url)
     yield client
     client.close()
-
-
-class ManualClock:
-    """A monotonic clock that moves only when a test says so."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        return event.wait(0.01)
 
 
 @pytest.fixture

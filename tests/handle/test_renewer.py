@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ManualClock
+from manual_clock import ManualClock
 
 import queen_sync as qs
 

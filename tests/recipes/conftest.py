@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
-from recipe_workers import Worker
-
-Spawn = Callable[..., Worker]
+from recipe_workers import Spawn, Worker
 
 
 @pytest.fixture

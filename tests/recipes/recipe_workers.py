@@ -92,6 +92,9 @@ class Worker:
         self.proc.wait(10)
 
 
+
+Spawn = Callable[..., Worker]
+
 class FencedLog:
     """An external sink (its own SQLite file) that refuses a token below the highest accepted.
 

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Spawn
-from recipe_workers import FencedLog, Worker
+from recipe_workers import FencedLog, Spawn, Worker
 
 TTL = 1.0
 RETRY = TTL / 3  # the renew interval, which is also the campaign's retry interval

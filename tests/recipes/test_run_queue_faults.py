@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Spawn
+from recipe_workers import Spawn
 
 import queen_sync as qs
 from recipes.run_queue import RunQueue
