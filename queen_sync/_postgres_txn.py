@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import psycopg
 
@@ -90,9 +90,11 @@ class Plan:
 def plan_for(route: str, body: Any) -> Plan:
     """The plan of a wire body; anything malformed is left for the semantics to refuse."""
     plan = Plan()
-    ops = body.get("kv") if route == "transaction" else body.get("operations")
-    for op in ops if isinstance(ops, list) else ():
-        kind = op.get("op") if isinstance(op, dict) else None
+    field_name = "kv" if route == "transaction" else "operations"
+    listed = body.get(field_name) if isinstance(body, Mapping) else None
+    ops = [op for op in listed if isinstance(op, Mapping)] if isinstance(listed, list) else []
+    for op in ops:
+        kind = op.get("op")
         if route == "locks" and isinstance(op.get("name"), str):
             plan.entities.add("L" + op["name"])
         elif kind in _KEYED and isinstance(op.get("ns"), str) and isinstance(op.get("key"), str):
@@ -101,8 +103,9 @@ def plan_for(route: str, body: Any) -> Plan:
                                                                                 list):
             plan.entities.update(_entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
         plan.versions += kind in _MINTS
-        plan.durable = plan.durable and not (route == "locks" and kind == "release")
+    plan.durable = not (route == "locks" and ops and all(op.get("op") == "release" for op in ops))
     return plan
+
 
 class PgTxn:
     """One body's transaction: ``StorageTxn`` over a connection, BEGIN sent on creation.

@@ -491,3 +491,22 @@ class TestTheTestServer:
         finally:
             server.destroy()
         assert not Path(server.root).exists(), "the server's folder was left behind"
+
+
+class TestPlans:
+    def test_a_body_mixing_a_release_with_an_acquire_commits_durably(self) -> None:
+        from queen_sync._postgres_txn import plan_for
+
+        release = {"op": "release", "name": "a", "token": 1}
+        acquire = {"op": "acquire", "name": "b", "ttlSeconds": 5}
+        assert plan_for("locks", {"operations": [release]}).durable is False
+        for ops in ([release, acquire], [acquire, release], [acquire], []):
+            assert plan_for("locks", {"operations": ops}).durable is True, ops
+        assert plan_for("kv", {"operations": [{"op": "delete", "ns": "n", "key": "k"}]}).durable
+
+    @pytest.mark.parametrize("body", [None, [], {"operations": "x"}, {"operations": [3, None]},
+                                      {"operations": [{"op": "get", "ns": 1, "key": None}]}])
+    def test_a_malformed_body_is_left_for_the_semantics_to_refuse(
+            self, engine: PostgresEngine, body: Any) -> None:
+        with pytest.raises((TypeError, ValueError)):
+            engine.call("kv", body)
