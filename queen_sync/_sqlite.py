@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -135,6 +136,7 @@ class SqliteStorage:
         self._calls = 0
         self._conn = self._connect()
         self.wake = WakeChannel(os.path.realpath(path)) if WakeChannel.supported else None
+        _LIVE.add(self)
 
     def _connect(self) -> sqlite3.Connection:
         with _translated(self.path):
@@ -178,6 +180,7 @@ class SqliteStorage:
         self._conn = self._connect()
 
     def close(self) -> None:
+        _LIVE.discard(self)
         with self._mutex:
             self._conn.close()
         if self.wake is not None:
@@ -185,6 +188,32 @@ class SqliteStorage:
 
 
 _ABANDONED: list[sqlite3.Connection] = []
+_LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
+_HELD_ACROSS_FORK: list[SqliteStorage] = []
+
+
+def _before_fork() -> None:
+    # SQLite keeps one in-memory lock state per file for all of a process's connections, and
+    # a child inherits it: forked mid-transaction (say, the renewer's), the child's new
+    # connection believes the file locked and hangs. So a fork waits for any call in flight.
+    for storage in list(_LIVE):
+        storage._mutex.acquire()
+        _HELD_ACROSS_FORK.append(storage)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD_ACROSS_FORK:
+        _HELD_ACROSS_FORK.pop()._mutex.release()
+
+
+def _after_fork_in_child() -> None:
+    while _HELD_ACROSS_FORK:
+        _HELD_ACROSS_FORK.pop()._mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
