@@ -140,12 +140,12 @@ class PgTxn:
             self._remember(ordered, [record for _, records in fetched for record in records])
 
     def _remember(self, entities: Sequence[str], records: Sequence[Any]) -> None:
-        wanted = set(entities)
-        self._complete |= wanted
+        # Every fetched row is kept, so a prefix read answered from memory sees what the
+        # same read would see in the table.
+        self._complete.update(entities)
         for record in records:
             row = _row(record)
-            if _entity_of(row.ns, row.key) in wanted:
-                self._rows[(row.ns, row.key)] = row
+            self._rows[(row.ns, row.key)] = row
 
     def _roundtrip(self, statements: Sequence[Statement]) -> list[tuple[int, list[Any]]]:
         """Send statements as one script; each one's ``(rowcount, rows)`` in order."""
