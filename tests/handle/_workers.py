@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import threading
 import time
 from typing import Any
 
@@ -206,3 +208,51 @@ def _forked_held(url: str) -> bool:
         return bool(fresh.locks.get("forked")["held"])
     finally:
         fresh.close()
+
+
+def fork_during_calls(url: str, forks: int, results: Any) -> None:
+    """Fork ``forks`` times while another thread keeps the engine busy; report child failures.
+
+    Each child makes two engine calls of its own and exits 0; a child that errs, or
+    is still running after 5 s, counts as failed. Reports ``("forks", failed, calls)``.
+    """
+    q = qs.Queen(url, busy_timeout=2)
+    stop = threading.Event()
+    calls = [0]
+
+    def keep_calling() -> None:
+        while not stop.is_set():
+            q.kv.incr(NS, "parent", forever=True)
+            calls[0] += 1
+
+    spinner = threading.Thread(target=keep_calling, daemon=True)
+    spinner.start()
+    time.sleep(0.1)
+    failed = 0
+    for _ in range(forks):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                q.kv.get(NS, "parent")
+                q.kv.incr(NS, "children", forever=True)
+            except BaseException:
+                code = 3
+            os._exit(code)
+        failed += 0 if _exited_cleanly(pid, 5.0) else 1
+    stop.set()
+    spinner.join(5)
+    results.put(("forks", failed, calls[0]))
+    q.close()
+
+
+def _exited_cleanly(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False

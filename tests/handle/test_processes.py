@@ -209,3 +209,16 @@ def test_a_forked_child_holds_nothing_and_locks_on_its_own_while_the_parent_keep
     assert parent["renew_calls"] >= 2 and parent["token_after"] > parent["token_before"], (
         f"the parent's lock was not renewed while the child ran: {parent!r}")
     assert parent["engine_owner"] == parent["owner"], "the engine lists another holder"
+
+
+def test_forking_while_another_thread_is_mid_call_leaves_every_child_a_working_engine(
+        procs: Processes, q: qs.Queen, sqlite_url: str) -> None:
+    forks = 20
+    procs.start(_workers.fork_during_calls, sqlite_url, forks)
+    _, failed, parent_calls = _expect(procs, "forks", timeout=60)
+    procs.join_all(10)
+
+    children = q.kv.get(_workers.NS, "children")
+    assert parent_calls > forks, f"the parent's thread made only {parent_calls} calls"
+    assert failed == 0, f"{failed} of {forks} children forked mid-call could not use the engine"
+    assert children["value"] == forks, f"children counted {children['value']}, not {forks}"
