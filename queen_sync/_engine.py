@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Mapping, Optional, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 from ._errors import RequestError, UnsupportedOperationError
 
@@ -111,15 +111,20 @@ def _only(options: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]
     return {k: v for k, v in options.items() if v is not None}
 
 
-def redact_url(url: str, password: Optional[str] = None) -> str:
-    """``url`` with any password replaced, for logs and reprs."""
-    from urllib.parse import urlsplit, urlunsplit
+_SECRET_PARAMS = frozenset({"password", "sslpassword", "token", "bearer_token"})
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the address or the query) replaced, for logs and reprs.
+
+    Works on the address as text, so several ``host:port`` pairs are fine.
+    """
+    from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.password is None and password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ""
-    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}" if at and ":" in userinfo else parts.netloc
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{quote(k)}={'***' if k.lower() in _SECRET_PARAMS else quote(v)}"
+                     for k, v in pairs)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))

@@ -75,17 +75,7 @@ def _timeouts(timeout: Any) -> tuple[float, float]:
 
 def public_url(url: str) -> str:
     """``url`` without its password (in the address or the query), safe to print and log."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "password"]
-    base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    try:
-        base = redact_url(base)
-    except ValueError:  # several hosts with ports: the standard parser gives up on those
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hosts}" if ":" in userinfo else parts.netloc
-        base = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    return base + (f"?{urlencode(query)}" if query else "")
+    return redact_url(url)
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
