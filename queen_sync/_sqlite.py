@@ -260,12 +260,16 @@ def refuse_network_filesystem(path: str, fstype: Optional[str]) -> None:
 
 
 def _prepare_file(path: str) -> None:
+    """Create the folder (0700) and the file (0600) if missing, refusing network filesystems."""
     folder = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    refuse_network_filesystem(path, filesystem_type(folder))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
+    try:
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        refuse_network_filesystem(path, filesystem_type(folder))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.close(fd)
+    except OSError as exc:
+        raise EngineUnavailableError(f"cannot open SQLite database {path}: {exc}") from exc
 
 
 def path_from_url(url: str) -> tuple[str, dict[str, str]]:

@@ -37,6 +37,15 @@ class TestTheFile:
         with qs.Queen("sqlite:~/home.db") as q:
             assert (tmp_path / "home.db").exists(), q.url
 
+    def test_a_path_that_cannot_be_created_is_an_engine_unavailable_error(
+        self, tmp_path: Path
+    ) -> None:
+        blocker = tmp_path / "file"
+        blocker.write_text("not a folder")
+        with pytest.raises(qs.EngineUnavailableError, match="cannot open") as caught:
+            qs.Queen(f"sqlite://{blocker / 'sub' / 'q.db'}")
+        assert isinstance(caught.value.__cause__, OSError)
+
     def test_a_url_naming_a_host_is_refused(self) -> None:
         with pytest.raises(qs.RequestError, match="host"):
             qs.Queen("sqlite://server/share/x.db")
