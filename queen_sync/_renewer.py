@@ -2,7 +2,7 @@
 
 Each tick it marks lost every lease past its local deadline (``expired``), then
 sends one ``locks`` call renewing every lease that is due, together with those
-due within half their renew period: leases taken at scattered moments then fall
+due within 60% of their renew period: leases taken at scattered moments then fall
 into one batch instead of one call each. A call that fails is not a loss: those
 leases are retried sooner, until their deadline. The thread exits when nothing
 has been held for a moment (so a tight acquire/release loop does not start one
@@ -23,6 +23,7 @@ log = logging.getLogger("queen_sync")
 
 _IDLE_CHECK = 60.0
 _LINGER = 0.5  # seconds the thread stays with nothing held before it exits
+_TAKE_ALONG = 0.6  # a due call also renews leases due within this share of their period
 
 
 class Renewer:
@@ -84,8 +85,9 @@ class Renewer:
         due = [lock for lock in live if lock._next_renew <= now]
         if due:
             # The call goes out anyway: take along what falls due soon, so batches merge.
+            # Past half a period, two batches always meet: one of them takes the other along.
             due += [lock for lock in live
-                    if now < lock._next_renew <= now + lock.renew_every / 2]
+                    if now < lock._next_renew <= now + lock.renew_every * _TAKE_ALONG]
             self._renew(due)
         return self._next_wake(clock.monotonic())
 
