@@ -123,20 +123,23 @@ class Renewer:
 
     def _loop(self) -> None:
         clock = self._client._clock
-        lingered = False
+        idle_since: Optional[float] = None
         while True:
             self._wake.clear()  # before looking, so a register from now on is never missed
             with self._mutex:
                 self._planned = 0.0
-                idle = not self._locks
-                if self._stopping or (idle and lingered):
+                now = clock.monotonic()
+                if self._locks:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                if self._stopping or (idle_since is not None and now >= idle_since + _LINGER):
                     self._thread = None
                     return
-                if idle:
-                    self._planned = clock.monotonic() + _LINGER
-            lingered = idle
-            if idle:
-                clock.wait(self._wake, _LINGER)
+                if idle_since is not None:
+                    self._planned = idle_since + _LINGER
+            if idle_since is not None:
+                clock.wait(self._wake, self._planned - now)
                 continue
             try:
                 delay = self.tick()
