@@ -13,7 +13,7 @@ import random
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 import queen_sync as qs
 
@@ -82,14 +82,21 @@ def hold_semaphore_permits(url: str, name: str, limit: int, seconds: float, star
 
 def hold_until_killed(url: str, name: str, ttl: float, results: Any) -> None:
     """Take ``name``, report ``("held", token)``, then keep it renewed until killed."""
+    taken = _take_and_report(url, name, ttl, results)  # kept referenced while it sleeps
+    while taken is not None:
+        time.sleep(0.1)
+
+
+def _take_and_report(url: str, name: str, ttl: float, results: Any
+                     ) -> Optional[tuple[qs.Queen, qs.Lock]]:
+    """Take ``name`` and report ``("held", token)``, or report ``("busy", None)``."""
     q = qs.Queen(url)
     lock = q.lock(name, ttl=ttl)
     if not lock.acquire(wait=5):
         results.put(("busy", None))
-        return
+        return None
     results.put(("held", lock.token))
-    while True:
-        time.sleep(0.1)
+    return q, lock
 
 
 def wait_then_take(url: str, name: str, ttl: float, wait: float, hold: float,
@@ -121,12 +128,10 @@ def commit_after_pause(url: str, name: str, ttl: float, about_to_write: Any, res
     SIGCONT the commit goes out with the token it was built with; report its answer
     and what the handle says about the loss.
     """
-    q = qs.Queen(url)
-    lock = q.lock(name, ttl=ttl)
-    if not lock.acquire(wait=5):
-        results.put(("busy", None))
+    taken = _take_and_report(url, name, ttl, results)
+    if taken is None:
         return
-    results.put(("held", lock.token))
+    q, lock = taken
     engine = q.engine
     real_call = engine.call
 
