@@ -49,7 +49,8 @@ class TestOneHolderAtATime:
         winner.communicate(timeout=20)
         owner = json.loads(reports[0].read_text())["QUEEN_LOCK_OWNER"]
         assert len(reports) == 1, f"exactly one child must run, got {reports}"
-        assert loser.returncode == BUSY_EXIT, f"busy must exit 75, got {loser.returncode}"
+        assert loser.returncode == BUSY_EXIT, (
+            f"busy must exit 75, got {loser.returncode}: {loser_err!r}")
         assert owner in loser_err, f"busy message must name the holder {owner}: {loser_err!r}"
         assert loser_seconds < 1.0, f"the busy runner took {loser_seconds:.2f}s to exit"
         assert winner.returncode == 0, "the winner exits with its child's code"
