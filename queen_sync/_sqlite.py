@@ -139,17 +139,32 @@ class SqliteStorage:
         _LIVE.add(self)
 
     def _connect(self) -> sqlite3.Connection:
+        # Switching a new file to WAL takes an exclusive lock, and SQLite answers "locked"
+        # at once (without the busy handler) to a second opener racing for it, so retry.
+        deadline = time.monotonic() + self._busy_timeout
+        delay = 0.005
         with _translated(self.path):
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                                   check_same_thread=False)
+            while True:
+                try:
+                    return self._open()
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
-            try:
-                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+            raise
         return conn
 
     @contextlib.contextmanager

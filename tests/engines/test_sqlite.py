@@ -139,6 +139,24 @@ class TestEngineErrors:
                 blocker.close()
             assert q.kv.put("app", "k", 1, forever=True), "the engine recovers afterwards"
 
+    def test_a_second_opener_told_locked_while_the_file_turns_wal_retries(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import sqlite3
+
+        real = _sqlite.SqliteStorage._open
+        refusals = iter([True, True])
+
+        def racing(self: _sqlite.SqliteStorage) -> sqlite3.Connection:
+            if next(refusals, False):
+                raise sqlite3.OperationalError("database is locked")
+            return real(self)
+
+        monkeypatch.setattr(_sqlite.SqliteStorage, "_open", racing)
+        with qs.Queen(f"sqlite://{tmp_path / 'x.db'}") as q:
+            assert q.kv.put("app", "k", 1, forever=True), "the third open must work"
+        assert next(refusals, None) is None, "both refusals were retried"
+
     def test_a_file_that_is_not_a_database_is_an_engine_error(self, tmp_path: Path) -> None:
         path = tmp_path / "junk.db"
         path.write_bytes(os.urandom(4096))

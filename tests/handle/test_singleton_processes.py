@@ -94,6 +94,7 @@ class TestOneRunsAtATime:
         results = [jobs.finish(p) for p in (first, second)]
         ran = list(tmp_path.glob("ran-*"))
         assert len(ran) == 1, f"exactly one process must run the body, got {ran}"
+        assert all(r[1] is not None for r in results), f"a caller printed nothing: {results}"
         assert sorted(r[1]["value"] or "" for r in results) == ["", "done"], results
         assert all(code == 0 for code, _, _ in results), results
         assert loser.returncode == 0, "a skipped call returns None and the script exits 0"
