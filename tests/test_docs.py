@@ -2,9 +2,10 @@
 
 A ```` ```python ```` block in ``README.md`` or ``docs/**/*.md`` is executed unless the
 line just above it is an HTML comment starting ``<!-- test: skip`` (say why in it, e.g.
-``<!-- test: skip (needs a PostgreSQL server) -->``). The blocks of one page run in
-order, in one namespace, in a fresh interpreter, on a temporary embedded SQLite file
-(``QUEEN_URL``), from a temporary working directory. A block using IPython magics
+``<!-- test: skip (why) -->``). The blocks of one page run in order, in one namespace,
+in a fresh interpreter, on a temporary embedded SQLite file (``QUEEN_URL``), from a
+temporary working directory. A block marked ``<!-- test: postgres -->`` runs instead
+against the tests' real PostgreSQL server, with ``QUEEN_URL`` pointing at it. A block using IPython magics
 (``%``/``%%`` lines) runs in an IPython shell.
 """
 
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 SKIP = "<!-- test: skip"
+POSTGRES = "<!-- test: postgres"
 
 RUNNER = r"""
 import json, sys
@@ -42,13 +44,14 @@ for label, code in blocks:
 """
 
 
-def python_blocks(page: Path) -> list[tuple[str, str]]:
-    """The page's runnable python blocks as ``(label, code)``, skipping marked ones."""
+def python_blocks(page: Path, marker: str = "") -> list[tuple[str, str]]:
+    """The page's python blocks as ``(label, code)``: unmarked ones, or those with ``marker``."""
     text = page.read_text(encoding="utf-8")
     blocks = []
     for match in FENCE.finditer(text):
-        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        if before.strip().startswith(SKIP):
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        marked = before.startswith("<!-- test:")
+        if (marker and not before.startswith(marker)) or (not marker and marked):
             continue
         line = text.count("\n", 0, match.start()) + 2
         where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name
@@ -78,8 +81,20 @@ def test_the_block_finder_honours_the_skip_marker(tmp_path: Path) -> None:
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_sample_on_the_page_runs(page: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "QUEEN_URL": "sqlite://" + str(tmp_path / "queen.db"),
+    run_blocks(page, python_blocks(page), "sqlite://" + str(tmp_path / "queen.db"), tmp_path)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p, POSTGRES)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_postgres_sample_on_the_page_runs_against_a_real_server(
+    page: Path, tmp_path: Path, pg_url: str
+) -> None:
+    run_blocks(page, python_blocks(page, POSTGRES), pg_url, tmp_path)
+
+
+def run_blocks(page: Path, blocks: list[tuple[str, str]], url: str, folder: Path) -> None:
+    env = {**os.environ, "QUEEN_URL": url,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(python_blocks(page)),
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks),
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, f"a sample in {page.name} failed:\n{done.stderr[-3000:]}"
