@@ -248,7 +248,9 @@ class Queen:
                             lock.name, exc_info=True)
 
     def _after_fork_in_child(self) -> None:
-        for lock in self.renewer.held():
+        # The child has one thread: read the renewer's table without its mutex, which a
+        # parent thread may have held at the fork and nobody will ever release here.
+        for lock in list(self.renewer._locks.values()):
             lock._forget_after_fork()
         self.renewer.after_fork()
         self._dispatch_queue = queue.SimpleQueue()

@@ -235,12 +235,12 @@ class PostgresEngine(Engine):
                 "was fenced out", name=name, reason="guard", token=token)
 
     def after_fork(self) -> None:
-        with self._mutex:
-            listener, self._listener = self._listener, None
+        # A parent thread may have held the mutex at the fork: the child takes a fresh one.
+        self._mutex = threading.Lock()
+        listener, self._listener = self._listener, None
         if listener is not None:
             listener.abandon()
         self.storage.after_fork()
-        self._mutex = threading.Lock()
 
     def close(self) -> None:
         with self._mutex:

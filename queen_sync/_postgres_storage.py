@@ -284,13 +284,13 @@ class PostgresStorage:
 
     def after_fork(self) -> None:
         """In a forked child: detach from the parent's sockets, build a new pool when needed."""
-        with self._mutex:
-            pool, self._pool = self._pool, None
-            conns, self.connections = self.connections, []
+        # A parent thread may have held the mutex at the fork: take a fresh one first.
+        self._mutex = threading.Lock()
+        pool, self._pool = self._pool, None
+        conns, self.connections = self.connections, []
         detach(conns)
         if pool is not None:
             _ABANDONED.append(pool)
-        self._mutex = threading.Lock()
         self._state = _CallState()
 
     def close(self) -> None:
