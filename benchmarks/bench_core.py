@@ -17,49 +17,19 @@ A summary table with targets and ratios closes the run.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import random
-import signal
-import statistics
+import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Optional
 
 import filelock
 import portalocker
 
 import queen_sync as qs
 
-CTX = multiprocessing.get_context("spawn")
-ROWS: list[tuple[str, str, str, str, str]] = []
-
-
-def row(metric: str, figure: str, beside: str = "", target: str = "", ok: Optional[bool] = None
-        ) -> None:
-    verdict = "" if ok is None else ("met" if ok else "MISSED")
-    ROWS.append((metric, figure, beside, target, verdict))
-
-
-def rate(pair: Callable[[], None], seconds: float, rounds: int = 3) -> float:
-    """Pairs per second: the median of ``rounds`` timed runs of ``seconds`` each."""
-    for _ in range(200):
-        pair()  # warm caches and the file's pages
-    rates = []
-    for _ in range(rounds):
-        done, started = 0, time.perf_counter()
-        deadline = started + seconds
-        while True:
-            for _ in range(100):
-                pair()
-            done += 100
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        rates.append(done / (now - started))
-    return statistics.median(rates)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _measure, in spawn children too
+import _measure as m
 
 # ---- 1. uncontended pairs/s --------------------------------------------------------------
 
@@ -67,31 +37,20 @@ def rate(pair: Callable[[], None], seconds: float, rounds: int = 3) -> float:
 def bench_pairs(folder: str, seconds: float) -> None:
     print("1. uncontended acquire+release pairs/s")
     with qs.Queen("sqlite://" + os.path.join(folder, "pairs.db")) as q:
-        lock = q.lock("pairs", ttl=30)
-
-        def handle_pair() -> None:
-            lock.acquire()
-            lock.release()
-
-        def wire_pair() -> None:
-            answer = q.locks.acquire("wire", ttl_seconds=30)
-            q.locks.release("wire", token=answer["token"], slot=answer["slot"])
-
-        handle = rate(handle_pair, seconds)
-        wire = rate(wire_pair, seconds)
+        handle, wire = m.queen_pair_rates(q, seconds)
     flock = filelock.FileLock(os.path.join(folder, "filelock.lock"))
-    filelock_rate = rate(lambda: (flock.acquire(), flock.release()), seconds)
+    filelock_rate = m.rate(lambda: (flock.acquire(), flock.release()), seconds)
     plock = portalocker.Lock(os.path.join(folder, "portalocker.lock"), timeout=5)
-    portalocker_rate = rate(lambda: (plock.acquire(), plock.release()), seconds)
+    portalocker_rate = m.rate(lambda: (plock.acquire(), plock.release()), seconds)
     for label, value in (("lock.acquire(); lock.release()", handle),
                          ("q.locks.acquire/release", wire), ("filelock.FileLock", filelock_rate),
                          ("portalocker.Lock", portalocker_rate)):
         print(f"   {label:34s} {value:10,.0f} pairs/s")
     against = f"filelock {filelock_rate:,.0f} ({handle / filelock_rate:.2f}x); " \
               f"portalocker {portalocker_rate:,.0f} ({handle / portalocker_rate:.2f}x)"
-    row("pairs/s, Lock handle (auto_renew)", f"{handle:,.0f}", against, ">= 4,000",
+    m.row("pairs/s, Lock handle (auto_renew)", f"{handle:,.0f}", against, ">= 4,000",
         handle >= 4000)
-    row("pairs/s, q.locks wire", f"{wire:,.0f}",
+    m.row("pairs/s, q.locks wire", f"{wire:,.0f}",
         f"filelock {wire / filelock_rate:.2f}x; portalocker {wire / portalocker_rate:.2f}x",
         ">= 4,000", wire >= 4000)
 
@@ -99,93 +58,24 @@ def bench_pairs(folder: str, seconds: float) -> None:
 # ---- 2. hand-off latency ----------------------------------------------------------------
 
 
-def handoff_waiter(url: str, conn: Any) -> None:
-    """Each round: say "waiting", wait for the lock, answer the time it was held, release."""
-    q = qs.Queen(url)
-    lock = q.lock("handoff", ttl=10)
-    while conn.recv() == "go":
-        conn.send("waiting")
-        got = lock.acquire(wait=5)
-        held_at = time.time()
-        lock.release()
-        conn.send(held_at if got else None)
-    q.close()
-
-
 def bench_handoff(folder: str, samples: int) -> None:
     print(f"2. hand-off latency, {samples} samples")
-    url = "sqlite://" + os.path.join(folder, "handoff.db")
-    here, there = CTX.Pipe()
-    waiter = CTX.Process(target=handoff_waiter, args=(url, there), daemon=True)
-    waiter.start()
-    latencies: list[float] = []
-    with qs.Queen(url) as q:
-        lock = q.lock("handoff", ttl=10)
-        for _ in range(samples):
-            if not lock.acquire(wait=5):
-                raise RuntimeError("the holder could not take the lock back")
-            here.send("go")
-            here.recv()  # the waiter is about to block in acquire(wait=...)
-            time.sleep(random.uniform(0.02, 0.06))  # it has failed once and sleeps or listens
-            released_at = time.time()
-            lock.release()
-            held_at = here.recv()
-            if held_at is None:
-                raise RuntimeError("the waiter never got the lock")
-            latencies.append(held_at - released_at)
-        here.send("stop")
-    waiter.join(10)
-    p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
-    worst = max(latencies)
-    print(f"   p50 {p50 * 1000:.2f} ms  p95 {p95 * 1000:.2f} ms  max {worst * 1000:.2f} ms")
-    row("hand-off p50", f"{p50 * 1000:.2f} ms", f"p95 {p95 * 1000:.2f} ms", "<= 10 ms",
-        p50 <= 0.010)
-
-
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+    latencies = m.queen_handoffs("sqlite://" + os.path.join(folder, "handoff.db"), samples,
+                                 pause_max=0.06)
+    print(f"   {m.latency_line(latencies)}")
+    p50, p95 = m.percentile(latencies, 50), m.percentile(latencies, 95)
+    m.row("hand-off p50", m.ms(p50), f"p95 {m.ms(p95)}", "<= 10 ms", p50 <= 0.010)
 
 
 # ---- 3. takeover after SIGKILL ----------------------------------------------------------
 
 
-def hold_forever(url: str, name: str, ttl: float, conn: Any) -> None:
-    q = qs.Queen(url)
-    lock = q.lock(name, ttl=ttl)
-    conn.send(lock.acquire(wait=5))
-    while True:
-        time.sleep(1)
-
-
 def bench_takeover(folder: str, samples: int, ttl: float = 2.0) -> None:
     print(f"3. takeover after SIGKILL, ttl {ttl:.0f} s, {samples} samples")
-    url = "sqlite://" + os.path.join(folder, "takeover.db")
-    from_kill, from_expiry = [], []
-    with qs.Queen(url) as q:
-        for i in range(samples):
-            name = f"takeover-{i}"
-            here, there = CTX.Pipe()
-            holder = CTX.Process(target=hold_forever, args=(url, name, ttl, there), daemon=True)
-            holder.start()
-            if not here.recv():
-                raise RuntimeError("the holder could not take the lock")
-            time.sleep(random.uniform(0.0, ttl / 3))  # kill at any phase of its renewals
-            killed_at = time.time()
-            os.kill(holder.pid or 0, signal.SIGKILL)
-            expires_at = q.locks.get(name)["holders"][0]["expiresAt"] / 1000
-            successor = q.lock(name, ttl=ttl)
-            if not successor.acquire(wait=ttl + 5):
-                raise RuntimeError("the successor never took over")
-            took_at = time.time()
-            successor.release()
-            holder.join(5)
-            from_kill.append(took_at - killed_at)
-            from_expiry.append(took_at - expires_at)
-            print(f"   sample {i}: {from_kill[-1] * 1000:.0f} ms after the kill, "
-                  f"{from_expiry[-1] * 1000:.1f} ms after the lease's expiry")
+    from_kill, from_expiry = m.takeovers("sqlite://" + os.path.join(folder, "takeover.db"),
+                                         samples, ttl, expiry=True)
     worst = max(from_kill)
-    row("takeover after SIGKILL (worst)", f"{worst * 1000:.0f} ms",
+    m.row("takeover after SIGKILL (worst)", f"{worst * 1000:.0f} ms",
         f"{max(from_expiry) * 1000:.1f} ms past expiry", f"<= {ttl * 1000 + 100:.0f} ms",
         worst <= ttl + 0.1)
 
@@ -217,20 +107,12 @@ def bench_renewer(folder: str, leases: int, periods: int, ttl: float = 3.0) -> N
     print(f"   {threads} threads; {ticks} ticks and {calls} engine calls in {window:.0f} s "
           f"({per_tick:.2f} calls/tick, {per_period:.1f} calls per renew period); "
           f"CPU {cpu_pct:.1f}% of one core; {lost} leases not held")
-    row("renewer threads (10k leases)", str(threads), "", "<= 2", threads <= 2)
-    row("engine calls per renew tick", f"{per_tick:.2f}", f"{ticks} ticks in {window:.0f} s",
+    m.row("renewer threads (10k leases)", str(threads), "", "<= 2", threads <= 2)
+    m.row("engine calls per renew tick", f"{per_tick:.2f}", f"{ticks} ticks in {window:.0f} s",
         "<= 1", per_tick <= 1)
-    row("engine calls per renew period", f"{per_period:.1f}", f"{leases:,} leases",
+    m.row("engine calls per renew period", f"{per_period:.1f}", f"{leases:,} leases",
         "~1 (one batch)", per_period <= 2)
-    row("renewer CPU (10k leases)", f"{cpu_pct:.1f}% of a core", f"{lost} leases lost", "", None)
-
-
-def summary() -> None:
-    head = ("metric", "queen_sync", "beside / ratio", "target", "")
-    widths = [max(len(r[i]) for r in [head, *ROWS]) for i in range(5)]
-    print("\nsummary")
-    for line in [head, *ROWS]:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    m.row("renewer CPU (10k leases)", f"{cpu_pct:.1f}% of a core", f"{lost} leases lost", "", None)
 
 
 def main() -> None:
@@ -245,7 +127,7 @@ def main() -> None:
         bench_handoff(folder, 60 if args.quick else 200)
         bench_takeover(folder, 2 if args.quick else 4)
         bench_renewer(folder, 2000 if args.quick else 10_000, 3)
-    summary()
+    m.summary()
 
 
 if __name__ == "__main__":
