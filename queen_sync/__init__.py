@@ -4,8 +4,9 @@
 import queen_sync as qs
 
 with qs.Queen() as q:                        # an SQLite file in your state directory
-    with q.lock("daily-report", ttl="2m"):   # renewed in the background
-        ...
+    lock = q.lock("daily-report", ttl="2m")  # renewed in the background while held
+    with lock:
+        q.transaction().guard(lock).kv.put("reports", "today", {"rows": 42}, ttl="1d").commit()
 ```
 """
 

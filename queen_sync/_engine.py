@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
 from dataclasses import dataclass, fields
@@ -51,29 +52,30 @@ class _Sleeper:
         return False
 
 
-class Engine:
+class Engine(abc.ABC):
     """An engine answers the wire's bodies: ``call("locks"|"kv"|"transaction", body)``."""
 
     kind: str = "engine"
     capabilities: Capabilities = Capabilities()
 
     @property
+    @abc.abstractmethod
     def url(self) -> str:
         """Where it is, without credentials (safe to print and log)."""
-        raise NotImplementedError  # pragma: no cover - every engine defines it
 
+    @abc.abstractmethod
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError  # pragma: no cover - every engine defines it
+        """Send one body to ``route`` and return the engine's answer."""
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
         """A waiter woken when a permit of ``name`` is freed; plain sleeping by default."""
         yield _Sleeper()
 
-    def after_fork(self) -> None:
+    def after_fork(self) -> None:  # noqa: B027 - a no-op suits an engine that owns nothing
         """Drop what the parent process owns (connections, sockets) in a forked child."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op suits an engine that owns nothing
         """Release the engine's resources."""
 
     def __repr__(self) -> str:
