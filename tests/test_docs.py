@@ -5,8 +5,8 @@ line just above it is an HTML comment starting ``<!-- test: skip`` (say why in i
 ``<!-- test: skip (why) -->``). The blocks of one page run in order, in one namespace,
 in a fresh interpreter, on a temporary embedded SQLite file (``QUEEN_URL``), from a
 temporary working directory. A block marked ``<!-- test: postgres -->`` runs instead
-against the tests' real PostgreSQL server, with ``QUEEN_URL`` pointing at it. A block using IPython magics
-(``%``/``%%`` lines) runs in an IPython shell.
+against the tests' real PostgreSQL server, with ``QUEEN_URL`` pointing at it. A block
+using IPython magics (``%``/``%%`` lines) runs in an IPython shell.
 """
 
 from __future__ import annotations
