@@ -137,8 +137,12 @@ def commit_after_pause(url: str, name: str, ttl: float, about_to_write: Any, res
 
     def stalled_call(route: str, body: Any) -> Any:
         if route == "transaction":
-            about_to_write.set()
-            time.sleep(1.5)  # the SIGSTOP lands in here
+            # Holding the storage mutex keeps the renewer out of SQLite while the
+            # SIGSTOP lands: a process stopped inside a write transaction would keep
+            # the file's write lock and stall every other process, the test included.
+            with engine.storage._mutex:
+                about_to_write.set()
+                time.sleep(1.5)  # the SIGSTOP lands in here
         return real_call(route, body)
 
     engine.call = stalled_call  # type: ignore[method-assign]  # the stall point of the test

@@ -32,15 +32,26 @@ class Processes:
     def __init__(self) -> None:
         self.started: list[Any] = []
         self.results = CTX.Queue()
+        self.channels = [self.results]
 
-    def start(self, target: Callable[..., None], *args: Any) -> Any:
-        process = CTX.Process(target=target, args=(*args, self.results), daemon=True)
+    def start(self, target: Callable[..., None], *args: Any, results: Any = None) -> Any:
+        process = CTX.Process(target=target, args=(*args, results or self.results), daemon=True)
         process.start()
         self.started.append(process)
         return process
 
-    def get(self, timeout: float = 15.0) -> Any:
-        return self.results.get(timeout=timeout)
+    def own_channel(self) -> Any:
+        """A result queue for one worker that the test will SIGSTOP.
+
+        A queue's writers share one lock; a worker stopped while its feeder thread
+        holds it would silence every other worker on the same queue.
+        """
+        channel = CTX.Queue()
+        self.channels.append(channel)
+        return channel
+
+    def get(self, timeout: float = 15.0, channel: Any = None) -> Any:
+        return (channel or self.results).get(timeout=timeout)
 
     def join_all(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -56,8 +67,9 @@ class Processes:
                     os.kill(process.pid, signal.SIGCONT)  # a stopped process cannot die
                 process.kill()
             process.join(5)
-        self.results.close()
-        self.results.join_thread()
+        for channel in self.channels:
+            channel.close()
+            channel.join_thread()
 
 
 @pytest.fixture
@@ -76,8 +88,9 @@ def q(sqlite_url: str) -> Iterator[qs.Queen]:
     client.close()
 
 
-def _expect(procs: Processes, kind: str, timeout: float = 15.0) -> tuple[Any, ...]:
-    message = procs.get(timeout)
+def _expect(procs: Processes, kind: str, timeout: float = 15.0,
+            channel: Any = None) -> tuple[Any, ...]:
+    message = procs.get(timeout, channel)
     assert message[0] == kind, f"expected a {kind!r} report from a worker, got {message!r}"
     return tuple(message)
 
@@ -162,8 +175,10 @@ def test_a_sigkilled_holder_is_replaced_after_its_ttl_with_a_higher_token(
 def test_a_sigstopped_holder_past_its_ttl_has_its_guarded_commit_refused_and_sees_the_loss(
         procs: Processes, q: qs.Queen, sqlite_url: str) -> None:
     about_to_write = CTX.Event()
-    paused = procs.start(_workers.commit_after_pause, sqlite_url, "paused", TTL, about_to_write)
-    _, paused_token = _expect(procs, "held")
+    paused_channel = procs.own_channel()
+    paused = procs.start(_workers.commit_after_pause, sqlite_url, "paused", TTL, about_to_write,
+                         results=paused_channel)
+    _, paused_token = _expect(procs, "held", channel=paused_channel)
     assert about_to_write.wait(10), "the holder never started its guarded commit"
     os.kill(paused.pid, signal.SIGSTOP)
     try:
@@ -172,7 +187,7 @@ def test_a_sigstopped_holder_past_its_ttl_has_its_guarded_commit_refused_and_see
         _, _, successor_token = _expect(procs, "took", timeout=TTL + 5)
     finally:
         os.kill(paused.pid, signal.SIGCONT)
-    report = _expect(procs, "committed")
+    report = _expect(procs, "committed", channel=paused_channel)
     procs.join_all(10)
 
     _, answer_json, lost, lost_reason, held, token = report
