@@ -61,8 +61,9 @@ examples:
 The command gets QUEEN_LOCK_NAME, QUEEN_LOCK_OWNER, QUEEN_LOCK_TOKEN (the fencing
 token when it started: hand it to sinks that refuse older tokens) and
 QUEEN_LOCK_SLOT. It runs in its own process group; SIGINT, SIGTERM, SIGHUP and
-SIGQUIT sent to queen-sync are forwarded to it. When the lease is lost the group
-gets SIGTERM, then SIGKILL after --grace.
+SIGQUIT sent to queen-sync are forwarded to it; after a forwarded SIGTERM or SIGINT
+the group gets SIGKILL if it is still running --grace later. When the lease is lost
+the group gets SIGTERM, then SIGKILL after --grace.
 
 exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
 is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease
@@ -157,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--busy-exit-code", type=_int(0, 255), default=EX_BUSY,
                      help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
     run.add_argument("--grace", type=duration_arg("--grace"), default=10.0,
-                     help="after a lost lease, SIGTERM then SIGKILL this much later (default 10s)")
+                     help="how long the command has to stop after a lost lease or a forwarded "
+                          "SIGTERM/SIGINT before SIGKILL (default 10s)")
     holders = commands.add_parser(
         "holders", parents=[common], formatter_class=_Help, epilog=_HOLDERS_EPILOG,
         help="list who holds the named locks",
@@ -251,6 +253,7 @@ class _Child:
         self.command = command
         self.grace = grace
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self.kill_at: Optional[float] = None  # monotonic; set by the first SIGTERM or SIGINT
 
     def environment(self) -> dict[str, str]:
         lock = self.lock
@@ -278,6 +281,8 @@ class _Child:
 
     def _forward(self, signum: int, frame: Any) -> None:
         self._signal_group(signum)
+        if signum in _STOPPING and self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace
 
     def _signal_group(self, signum: int) -> None:
         if self.process is None or self.process.returncode is not None:
@@ -293,6 +298,11 @@ class _Child:
                 pass
             if self.lock.lost.is_set() or not self.lock.held:
                 return self._stop(process)
+            if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                print(f"queen-sync: the command outlived the {self.grace:g}s grace after being "
+                      "asked to stop; sending SIGKILL", file=sys.stderr)
+                self._signal_group(signal.SIGKILL)
+                self.kill_at = None  # once; then wait for it as for any exit
 
     def _stop(self, process: subprocess.Popen[bytes]) -> int:
         reason = self.lock.lost_reason or "expired"
@@ -305,6 +315,11 @@ class _Child:
             self._signal_group(signal.SIGKILL)
             process.wait()
         return LOST_EXIT_CODE
+
+
+# Forwarded signals that ask the command to stop: it gets --grace to do so before SIGKILL.
+# SIGHUP and SIGQUIT are only forwarded (daemons often take SIGHUP as "reload").
+_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 def _signals() -> list[signal.Signals]:

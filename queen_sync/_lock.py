@@ -168,6 +168,8 @@ class Lock:
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._client.metrics.observe("acquire_gave_up_seconds",
+                                                 time.monotonic() - started)
                     return self._busy()
                 waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
                 backoff = min(backoff * 2, _MAX_BACKOFF)

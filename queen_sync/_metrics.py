@@ -13,9 +13,10 @@ OUTCOMES = (
     "acquired", "busy", "renewed", "renew_error", "lost_renew", "lost_guard", "lost_expired",
     "released",
 )
-TIMINGS = ("acquire_wait_seconds", "renew_rtt_seconds")
+TIMINGS = ("acquire_wait_seconds", "acquire_gave_up_seconds", "renew_rtt_seconds")
 _TIMING_HELP = {
     "acquire_wait_seconds": "Time from asking to holding, per successful acquire (contention).",
+    "acquire_gave_up_seconds": "Time spent by each acquire whose wait ran out while busy.",
     "renew_rtt_seconds": "Round trip of each batched renew call (engine health).",
 }
 

@@ -111,6 +111,18 @@ class TestTimings:
             wait = q.metrics.snapshot()["acquire_wait_seconds"]
         assert wait["count"] == 1 and 0.15 <= wait["max"] < 5, wait
 
+    def test_a_wait_that_runs_out_records_its_time_apart_from_successful_waits(
+            self, sqlite_url: str, other: qs.Queen) -> None:
+        assert other.lock("a", ttl="30s").acquire()
+        with qs.Queen(sqlite_url) as q:
+            assert not q.lock("a", ttl="30s").acquire(wait="0.2s")
+            assert not q.lock("a", ttl="30s").acquire()  # no wait: a refusal, not a wait
+            snap = q.metrics.snapshot()
+        gave_up, waited = snap["acquire_gave_up_seconds"], snap["acquire_wait_seconds"]
+        assert gave_up["count"] == 1 and 0.2 <= gave_up["max"] < 5, gave_up
+        assert waited["count"] == 0, f"a wait that ran out is not a successful wait: {waited}"
+        assert snap["counts"]["busy"] == 2, snap["counts"]
+
 
 SAMPLE = re.compile(r'^(queen_sync_[a-z_]+)(\{outcome="[a-z_]+"\})? (NaN|[0-9.e+-]+)$')
 

@@ -201,3 +201,20 @@ class TestSignals:
         runner.communicate(timeout=20)
         assert got.read_text() == "int ", f"SIGINT must reach the child once: {got.read_text()!r}"
         assert runner.returncode == 0, f"got {runner.returncode}"
+
+    def test_a_child_that_ignores_a_forwarded_sigterm_is_killed_after_the_grace(
+            self, cli: Cli, tmp_path: Path) -> None:
+        report = tmp_path / "token"
+        ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+        runner = cli.start("run", "etl", "--ttl", "30s", "--grace", "0.5s", "--",
+                           *_sleeper(report, on_term=ignore))
+        wait_for(report.exists, what="the child")
+        sent_at = time.monotonic()
+        runner.send_signal(signal.SIGTERM)
+        _, err = runner.communicate(timeout=20)
+        took = time.monotonic() - sent_at
+        assert runner.returncode == 128 + signal.SIGKILL, (
+            f"the child's own status (killed by SIGKILL) is the exit code: {runner.returncode}")
+        assert "grace" in err, f"stderr must say why the command was killed: {err!r}"
+        assert 0.5 <= took < 0.5 + 5.0, f"SIGKILL must follow the 0.5s grace, not {took:.2f}s"
+        assert cli.holders("etl") == [], "the lease must be released"
