@@ -1,9 +1,9 @@
 """``LocalBroker``: the Queen routes over a real socket on 127.0.0.1, from an SQLite file.
 
 A test and demo tool, not a production broker: one process, one file, a thread
-per connection, no TLS. It exists so tests cross a real socket, stop and restart
-"the broker" (same port, same file: tokens keep rising), and run several client
-processes against one store.
+per connection, TLS only when a test hands it a context. It exists so tests
+cross a real socket, stop and restart "the broker" (same port, same file: tokens
+keep rising), and run several client processes against one store.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ._broker import BrokerCore, BrokerTools, Fault, Reply
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger("queen_sync")
 
@@ -28,11 +31,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, core: BrokerCore) -> None:
+    def __init__(self, port: int, core: BrokerCore, tls: Optional[ssl.SSLContext]) -> None:
         self.core = core
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         super().__init__(("127.0.0.1", port), _Handler)
+        if tls is not None:
+            # The handshake happens on the connection's first read, in its own thread,
+            # so a client that never completes one cannot stall the accept loop.
+            self.socket = tls.wrap_socket(self.socket, server_side=True,
+                                          do_handshake_on_connect=False)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -126,12 +134,15 @@ class LocalBroker(BrokerTools):
         path: the SQLite file (kept after ``close``); None: a temporary one (removed).
         port: the port to listen on; 0 picks a free one (kept across restarts).
         token: when given, calls must carry ``Authorization: Bearer <token>``.
+        tls: a server-side ``ssl.SSLContext``; the broker then serves ``https://``
+            (clients trust its certificate with ``verify="ca.pem"``).
     """
 
     def __init__(self, path: Optional[str] = None, *, port: int = 0,
-                 token: Optional[str] = None) -> None:
+                 token: Optional[str] = None, tls: Optional[ssl.SSLContext] = None) -> None:
         super().__init__(path, token=token, kinds=LOCAL_FAULTS, prefix="queen-local-broker-")
         self._port = port
+        self._tls = tls
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -139,7 +150,8 @@ class LocalBroker(BrokerTools):
     def url(self) -> str:
         if not self._port:
             raise RuntimeError("the broker has not been started yet")
-        return f"http://127.0.0.1:{self._port}"
+        scheme = "http" if self._tls is None else "https"
+        return f"{scheme}://127.0.0.1:{self._port}"
 
     @property
     def running(self) -> bool:
@@ -150,7 +162,7 @@ class LocalBroker(BrokerTools):
         if self._server is not None:
             return self
         self._core.open()
-        self._server = _Server(self._port, self._core)
+        self._server = _Server(self._port, self._core, self._tls)
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05},
