@@ -206,9 +206,9 @@ def howto_samples() -> list[str]:
 
 class TestTheHowTo:
     def test_the_page_has_its_samples(self) -> None:
-        assert len(howto_samples()) == 6, "a sample was added or lost: update this count"
+        assert len(howto_samples()) == 7, "a sample was added or lost: update this count"
 
-    @pytest.mark.parametrize("index", range(6))
+    @pytest.mark.parametrize("index", range(7))
     def test_each_sample_runs(self, index: int) -> None:
         sample = howto_samples()[index]
         exec(compile(sample, f"{HOWTO.name}[{index}]", "exec"), {"__name__": "howto"})
