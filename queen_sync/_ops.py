@@ -72,7 +72,7 @@ def check_int(value: Any, what: str, *, low: int, high: Optional[int] = None) ->
     if value < low or (high is not None and value > high):
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise ValueError(f"{what} must be {bound}, got {value}")
-    return value
+    return int(value)  # an int subclass comes back a plain int
 
 
 def check_ns(ns: Any) -> str:

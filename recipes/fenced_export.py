@@ -76,7 +76,7 @@ def _check_token(token: Any) -> int:
         raise TypeError(f"token must be an int (lock.token), got {type(token).__name__}")
     if token <= 0:
         raise ValueError(f"token must be > 0, got {token}")
-    return token
+    return int(token)
 
 
 class FencedDirectory:
