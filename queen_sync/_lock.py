@@ -273,7 +273,13 @@ class Lock:
     # ---- release and loss --------------------------------------------------------------
 
     def release(self) -> bool:
-        """Give the permit back (after any renew in flight); False when it was not held."""
+        """Give the permit back (after any renew in flight).
+
+        Returns:
+            True when the engine gave it back; False when it was no longer held:
+            never taken, lost, or (over HTTP) given back by a first attempt whose
+            answer was lost before the resent one arrived.
+        """
         self._client.renewer.unregister(self)
         with self._io:
             token, slot = self._token, self._slot
