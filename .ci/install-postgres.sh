@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the PostgreSQL server from Debian packages, only when initdb cannot be found.
+# Install the PostgreSQL server from Debian packages, only when neither the system nor
+# the test extra (pgserver) provides initdb.
 # Idempotent and quiet: the tests start throwaway servers with initdb and pg_ctl.
 set -euo pipefail
 
@@ -9,6 +10,11 @@ have_initdb() {
 }
 
 if have_initdb; then
+  exit 0
+fi
+# The test extra's pgserver wheel carries the server binaries (Linux x86_64, Python < 3.13).
+if [ "$(uname -sm)" = "Linux x86_64" ] &&
+   python -c 'import sys; sys.exit(sys.version_info >= (3, 13))'; then
   exit 0
 fi
 

@@ -6,7 +6,9 @@ run as root), and removes everything when stopped. The session fixture
 ``pg_url`` shares one server among all tests; fault tests that restart or stop
 a server make their own with ``PgServer.start_new()``.
 
-When the server binaries are missing the tests skip, unless the environment
+The binaries come from the system (PATH, then Debian's layout) or, failing that,
+from the ``pgserver`` wheel in the test extra, so the README's test command needs
+no system package. When none are found the tests skip, unless the environment
 sets ``QUEEN_SYNC_REQUIRE_PG=1`` (CI does): then they fail.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
+import importlib.util
 import os
 import pwd
 import secrets
@@ -46,13 +50,58 @@ def missing(reason: str) -> None:
 
 
 def find_bin_dir() -> Optional[str]:
-    """The folder holding ``initdb`` and ``pg_ctl``: PATH first, then Debian's layout."""
+    """The folder holding ``initdb`` and ``pg_ctl``: ``QUEEN_SYNC_PG_BIN_DIR`` when set,
+    else PATH, Debian's layout, then pgserver's."""
+    chosen = os.environ.get("QUEEN_SYNC_PG_BIN_DIR")
+    if chosen:
+        return chosen
     initdb = shutil.which("initdb")
     if initdb and shutil.which("pg_ctl"):
         return os.path.dirname(os.path.realpath(initdb))
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                         key=lambda p: _version_key(p.split("/")[-3]), reverse=True)
-    return os.path.dirname(candidates[0]) if candidates else None
+    if candidates:
+        return os.path.dirname(candidates[0])
+    return bundled_bin_dir()
+
+
+def bundled_bin_dir() -> Optional[str]:
+    """The server binaries shipped in the ``pgserver`` wheel, None when it is not installed.
+
+    As root the server runs as another user, who may not reach a ``site-packages``
+    under ``/root``; the installation is then copied once to a shared folder.
+    """
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = next(iter(spec.submodule_search_locations))
+    install = os.path.join(package, "pginstall")
+    if not os.path.exists(os.path.join(install, "bin", "initdb")):
+        return None
+    if os.geteuid() != 0:
+        return os.path.join(install, "bin")
+    with open(os.path.join(install, "bin", "initdb"), "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()[:12]
+    shared = os.path.join("/tmp", f"queen_sync_pgserver_{digest}")
+    if os.path.isdir(shared):
+        found = os.lstat(shared)
+        if found.st_uid != 0 or found.st_mode & 0o022:
+            raise RuntimeError(f"{shared} is not root's alone: refusing to run binaries from it")
+    else:
+        # The binaries find their libraries at $ORIGIN/../../../pgserver.libs: keep that shape.
+        staging = tempfile.mkdtemp(prefix="queen_sync_pgserver_", dir="/tmp")
+        for part in ("bin", "lib", "share"):
+            shutil.copytree(os.path.join(install, part),
+                            os.path.join(staging, "pgserver", "pginstall", part))
+        libs = os.path.join(os.path.dirname(package), "pgserver.libs")
+        if os.path.isdir(libs):
+            shutil.copytree(libs, os.path.join(staging, "pgserver.libs"))
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(staging, shared)
+        except OSError:  # another test process published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return os.path.join(shared, "pgserver", "pginstall", "bin")
 
 
 def _version_key(text: str) -> tuple[int, ...]:
@@ -98,9 +147,9 @@ class PgServer:
         os.chmod(self.root, 0o700)
 
     @classmethod
-    def start_new(cls, *, fsync: bool = False) -> PgServer:
+    def start_new(cls, *, fsync: bool = False, bin_dir: Optional[str] = None) -> PgServer:
         """Initialise and start a server, or skip/fail when PostgreSQL is not installed."""
-        bin_dir = find_bin_dir()
+        bin_dir = bin_dir or find_bin_dir()
         if bin_dir is None:
             missing("PostgreSQL server binaries (initdb, pg_ctl) were not found")
         assert bin_dir is not None
