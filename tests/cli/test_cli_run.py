@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -149,8 +150,9 @@ class TestLosingTheLease:
             done = cli.run("release", "etl", "--token", token)
             assert done.returncode == 0, f"release must succeed: {done.stderr!r}"
         else:
-            with sqlite3.connect(cli.url.removeprefix("sqlite://")) as db:
+            with contextlib.closing(sqlite3.connect(cli.url.removeprefix("sqlite://"))) as db:
                 deleted = db.execute("DELETE FROM queen_kv WHERE ns = 'queen-locks'").rowcount
+                db.commit()
             assert deleted == 1, "the permit row must have been there"
         _, err = runner.communicate(timeout=20)
         stopped_after = time.monotonic() - taken_at

@@ -8,6 +8,7 @@ clock every process on one machine shares.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,7 +105,7 @@ class FencedLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with self._connect() as conn:
+        with contextlib.closing(self._connect()) as conn:  # sqlite3's own `with` never closes
             conn.execute("CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
                          " token INTEGER, who TEXT, at REAL, accepted INTEGER)")
 
