@@ -278,7 +278,13 @@ def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Quee
 def _bounded(work: Callable[[], None], timeout: float) -> None:
     """Run ``work`` in a helper thread and wait at most ``timeout`` for it."""
     worker = threading.Thread(target=work, name="queen_sync-close", daemon=True)
-    worker.start()
+    try:
+        worker.start()
+    except RuntimeError:
+        # Python 3.12+ starts no thread once the interpreter is shutting down (atexit):
+        # run it here, bounded by the engine's own timeouts instead.
+        work()
+        return
     worker.join(timeout)
 
 
