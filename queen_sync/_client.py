@@ -293,7 +293,8 @@ def _close_all_at_exit() -> None:
         try:
             client.close(timeout=_EXIT_BUDGET / max(1, len(_CLIENTS)))
         except Exception:
-            log.debug("closing a client at exit failed", exc_info=True)
+            log.warning("closing a client at exit failed; its leases expire by themselves",
+                        exc_info=True)
 
 
 def _after_fork_in_child() -> None:
