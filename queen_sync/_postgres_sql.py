@@ -103,6 +103,17 @@ class Statements:
                                " AND key = $2 AND expires_at <= $3"),
             "delete": ("text, text", f"DELETE FROM {kv} WHERE ns = $1 AND key = $2"),
             "notify": ("text, text", "SELECT pg_notify($1, $2)"),
+            # Guards of a remembered read: divide by zero (failing the transaction) unless
+            # the row is still as remembered, judged live or expired alike at both clocks.
+            "guard_row": ("text, text, bigint, bigint, bigint, bigint, bigint, bigint",
+                          f"SELECT 1 / count(*) FROM {kv} WHERE ns = $1 AND key = $2"
+                          " AND version = $3 AND expires_at IS NOT DISTINCT FROM $4"
+                          " AND created_at = $5 AND updated_at = $6"
+                          " AND prev_version IS NOT DISTINCT FROM $7"
+                          f" AND (expires_at IS NULL OR expires_at > ({CLOCK}))"
+                          " = (expires_at IS NULL OR expires_at > $8)"),
+            "guard_absent": ("text, text", f"SELECT 1 / (1 - count(*)) FROM {kv}"
+                             " WHERE ns = $1 AND key = $2"),
         }
         self.prepare = ";".join(
             f"PREPARE qs_{name}{f'({types})' if types else ''} AS {sql}"
@@ -124,6 +135,8 @@ class Statements:
     delete_expired: str
     delete: str
     notify: str
+    guard_row: str
+    guard_absent: str
 
     def draw(self, versions: int) -> Statement:
         """The clock, and ``versions`` new versions (after the locks: above their holders')."""

@@ -12,14 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import psycopg
 import psycopg_pool
 from psycopg import ClientCursor
 
 from ._errors import EngineError, EngineUnavailableError, QueenError
+from ._postgres_guarded import GuardedTxn, SeenRows
 from ._postgres_sql import CLOCK, SCHEMA_VERSION, Statements
 from ._postgres_txn import PgTxn, Plan, plan_for
 from ._storage import StorageConflict
@@ -66,6 +68,7 @@ def translate(exc: psycopg.Error, where: str) -> QueenError:
 _CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
               psycopg.errors.SerializationFailure, psycopg.errors.DivisionByZero)
 _Pool = psycopg_pool.ConnectionPool[psycopg.Connection[Any]]
+Txn = Union[PgTxn, GuardedTxn]
 
 
 class _CallState(threading.local):
@@ -74,6 +77,20 @@ class _CallState(threading.local):
     def __init__(self) -> None:
         self.plan = Plan()
         self.reconnected = False
+        self.guarded = False  # one attempt at most runs as a GuardedTxn
+
+
+def _has_input(conn: psycopg.Connection[Any]) -> bool:
+    """Bytes (or end of stream) wait on an idle connection: the server spoke, likely goodbye.
+
+    A one-trip body on such a connection could not tell "never ran" from "unknown"
+    when it fails, so it takes the two-trip path, which can.
+    """
+    try:
+        ready, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(ready)
 
 
 def _lost(conn: psycopg.Connection[Any]) -> bool:
@@ -110,6 +127,7 @@ class PostgresStorage:
         self._pool: Optional[_Pool] = None
         self._mutex = threading.Lock()
         self._state = _CallState()
+        self._seen = SeenRows()
         self._commits = 0
         self._closed = False
         self.connections: list[psycopg.Connection[Any]] = []
@@ -202,44 +220,74 @@ class PostgresStorage:
         """Plan the coming call's transaction and forget the previous call's retries."""
         self._state.plan = plan_for(route, body)
         self._state.reconnected = False
+        self._state.guarded = False
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[PgTxn]:
+    def transaction(self) -> Iterator[Txn]:
         conn, pool = self._checkout()
+        box: list[Txn] = []
         try:
-            with self._body_failures(conn) as box:
-                box.append(PgTxn(conn.cursor(), self.sql, self._state.plan))
+            with self._body_failures(conn, box):
+                box.append(self._guarded(conn) or PgTxn(conn.cursor(), self.sql,
+                                                        self._state.plan))
                 yield box[0]
             self._commit(conn, box[0])
+        except BaseException:
+            if box:  # what it read may have changed: remember it afresh next time
+                self._seen.forget(set(box[0].rows()))
+            raise
         finally:
             self._checkin(conn, pool)
+        self._seen.remember(box[0].rows())
+        if isinstance(box[0], PgTxn):
+            self._seen.saw_clock(box[0].clock)
         self._commits += 1
         if self._commits % _SWEEP_EVERY == 0:
             self._sweep()
 
+    def _guarded(self, conn: psycopg.Connection[Any]) -> Optional[GuardedTxn]:
+        """A one-trip transaction, when the body mints nothing and this is its first attempt."""
+        state = self._state
+        if state.guarded or state.plan.versions or not state.plan.entities:
+            return None
+        now = self._seen.estimated_now()
+        if now is None or _has_input(conn):
+            return None
+        state.guarded = True
+        return GuardedTxn(self.sql, state.plan, self._seen, now)
+
     @contextlib.contextmanager
-    def _body_failures(self, conn: psycopg.Connection[Any]) -> Iterator[list[PgTxn]]:
+    def _body_failures(self, conn: psycopg.Connection[Any], box: list[Txn]) -> Iterator[None]:
         """Errors before COMMIT was sent: nothing committed, so some are worth a new attempt."""
-        box: list[PgTxn] = []
         try:
-            yield box
-        except _CONFLICTS as exc:
+            yield
+        except Exception as exc:
+            if box and isinstance(box[0], GuardedTxn):
+                # Whatever a body on remembered rows concluded short of its guards (a
+                # rollback's answer, an error) is unchecked: the two-trip path decides.
+                raise StorageConflict(f"runs again on the two-trip path: {exc!r}") from exc
+            if not isinstance(exc, psycopg.Error):
+                raise
+            raise self._before_commit(conn, box, exc) from exc
+
+    def _before_commit(self, conn: psycopg.Connection[Any], box: list[Txn],
+                       exc: psycopg.Error) -> Exception:
+        """What a driver error raised before COMMIT becomes: a new attempt, or an error."""
+        if isinstance(exc, _CONFLICTS):
             if box:  # the next attempt locks up front what this one had to lock on the way
                 self._state.plan.entities |= box[0].unplanned
-            raise StorageConflict(str(exc)) from exc
-        except psycopg.OperationalError as exc:
-            if _lost(conn) and not self._state.reconnected:
-                # The connection died before COMMIT was sent: run the body once more afresh.
-                self._state.reconnected = True
-                log.info("PostgreSQL connection to %s lost (%s); retrying once", self.where,
-                         type(exc).__name__)
-                self._discard_dead()
-                raise StorageConflict("connection lost before commit") from exc
-            raise translate(exc, self.where) from exc
-        except psycopg.Error as exc:
-            raise translate(exc, self.where) from exc
+            return StorageConflict(str(exc))
+        if isinstance(exc, psycopg.OperationalError) and _lost(conn) and (
+                not self._state.reconnected):
+            # The connection died before COMMIT was sent: run the body once more afresh.
+            self._state.reconnected = True
+            log.info("PostgreSQL connection to %s lost (%s); retrying once", self.where,
+                     type(exc).__name__)
+            self._discard_dead()
+            return StorageConflict("connection lost before commit")
+        return translate(exc, self.where)
 
-    def _commit(self, conn: psycopg.Connection[Any], txn: PgTxn) -> None:
+    def _commit(self, conn: psycopg.Connection[Any], txn: Txn) -> None:
         """Send the pending writes and COMMIT in one script; a lost connection is ambiguous."""
         script = txn.commit_script()
         try:
@@ -292,6 +340,7 @@ class PostgresStorage:
         if pool is not None:
             _ABANDONED.append(pool)
         self._state = _CallState()
+        self._seen = SeenRows()
 
     def close(self) -> None:
         with self._mutex:

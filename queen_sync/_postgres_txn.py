@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -33,12 +34,12 @@ from ._postgres_sql import Statement, Statements, signed32
 from ._storage import Row
 
 
-def _entity_key(entity: str) -> int:
+def entity_key(entity: str) -> int:
     return signed32(int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=4).digest(),
                                     "big"))
 
 
-def _entity_of(ns: str, key: str) -> str:
+def entity_of(ns: str, key: str) -> str:
     """Permits of one lock name share an entity, so a name's slots are scanned race-free."""
     if ns == LOCKS_NS and "#" in key:
         return "L" + key.rsplit("#", 1)[0]
@@ -55,6 +56,14 @@ def _prefix_end(prefix: str) -> Optional[str]:
         if last <= 0x10FFFF:
             return "".join(chars) + chr(last)
     return None
+
+
+def delete_statements(sql: Statements, ns: str, key: str) -> list[Statement]:
+    statements: list[Statement] = [(sql.delete, (ns, key))]
+    if ns == LOCKS_NS and "#" in key:
+        # Notified inside the transaction: waiters wake exactly when the release commits.
+        statements.append((sql.notify, (sql.channel, key.rsplit("#", 1)[0])))
+    return statements
 
 
 def _row(record: Sequence[Any]) -> Row:
@@ -98,10 +107,10 @@ def plan_for(route: str, body: Any) -> Plan:
         if route == "locks" and isinstance(op.get("name"), str):
             plan.entities.add("L" + op["name"])
         elif kind in _KEYED and isinstance(op.get("ns"), str) and isinstance(op.get("key"), str):
-            plan.entities.add(_entity_of(op["ns"], op["key"]))
+            plan.entities.add(entity_of(op["ns"], op["key"]))
         elif kind == "getMany" and isinstance(op.get("ns"), str) and isinstance(op.get("keys"),
                                                                                 list):
-            plan.entities.update(_entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
+            plan.entities.update(entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
         plan.versions += kind in _MINTS
     plan.durable = not (route == "locks" and ops and all(op.get("op") == "release" for op in ops))
     return plan
@@ -124,16 +133,18 @@ class PgTxn:
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
         self._complete: set[str] = set()
         self.unplanned: set[str] = set()
-        ordered = sorted(plan.entities, key=_entity_key)
+        ordered = sorted(plan.entities, key=entity_key)
         begin = "BEGIN" if plan.durable else "BEGIN; SET LOCAL synchronous_commit = off"
         script: list[Statement] = [(begin, ())]
-        script += [(sql.lock, (sql.lock_class, _entity_key(e))) for e in ordered]
+        script += [(sql.lock, (sql.lock_class, entity_key(e))) for e in ordered]
         script.append(sql.draw(plan.versions))
         fetches = sql.fetch(ordered) if ordered else []
+        sent = time.monotonic()
         results = self._roundtrip([*script, *fetches])
         self._held = set(ordered)
         clock_row = results[len(results) - len(fetches) - 1][1][0]
         self._now = int(clock_row[0])
+        self.clock = (self._now, sent)  # the database's clock, and when it was asked
         self._spares = sorted(int(v) for v in clock_row[1])
         if ordered:
             fetched = results[len(results) - len(fetches):]
@@ -163,7 +174,7 @@ class PgTxn:
         """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
         script, self._pending = self._pending, []
         if entity is not None and entity not in self._held:
-            script.append((self._sql.lock, (self._sql.lock_class, _entity_key(entity))))
+            script.append((self._sql.lock, (self._sql.lock_class, entity_key(entity))))
             self._held.add(entity)
             self.unplanned.add(entity)
             self._spares = []  # drawn before this lock, so not above what its holders minted
@@ -174,7 +185,7 @@ class PgTxn:
         return self._now
 
     def read(self, ns: str, key: str) -> Optional[Row]:
-        entity = _entity_of(ns, key)
+        entity = entity_of(ns, key)
         if (ns, key) in self._rows or entity in self._complete:
             return self._rows.get((ns, key))
         records = self._ask(entity, (self._sql.read, (ns, key)))
@@ -185,7 +196,7 @@ class PgTxn:
     def read_prefix(
         self, ns: str, prefix: str, *, after: Optional[str], limit: int, now_ms: int
     ) -> Sequence[Row]:
-        entity = _entity_of(ns, prefix + "0") if ns == LOCKS_NS and prefix.endswith("#") else None
+        entity = entity_of(ns, prefix + "0") if ns == LOCKS_NS and prefix.endswith("#") else None
         if entity is not None and entity in self._complete:
             return self._cached_prefix(prefix, after or "", limit, now_ms)
         end = _prefix_end(prefix)
@@ -213,7 +224,7 @@ class PgTxn:
         values: tuple[Any, ...] = (_dump(row.value), row.version, row.expires_at,
                                    row.created_at, row.updated_at, row.prev_version)
         statements: list[Statement]
-        entity = _entity_of(row.ns, row.key)
+        entity = entity_of(row.ns, row.key)
         known = self._rows.get((row.ns, row.key))
         if known is not None and known.live_at(self._now):
             statements = [(self._sql.update, (row.ns, row.key, *values))]
@@ -228,11 +239,7 @@ class PgTxn:
         self._rows[(row.ns, row.key)] = row
 
     def delete(self, ns: str, key: str) -> None:
-        statements: list[Statement] = [(self._sql.delete, (ns, key))]
-        if ns == LOCKS_NS and "#" in key:
-            # Notified inside the transaction: waiters wake exactly when the release commits.
-            statements.append((self._sql.notify, (self._sql.channel, key.rsplit("#", 1)[0])))
-        self._queue(_entity_of(ns, key), statements)
+        self._queue(entity_of(ns, key), delete_statements(self._sql, ns, key))
         self._rows[(ns, key)] = None
 
     def next_version(self) -> int:
@@ -240,6 +247,10 @@ class PgTxn:
             return self._spares.pop(0)
         records = self._ask(None, (self._sql.next_version, ()))
         return int(records[0][0])
+
+    def rows(self) -> dict[tuple[str, str], Optional[Row]]:
+        """Every row whose state this transaction knows (``None``: known absent)."""
+        return self._rows
 
     def commit_script(self) -> list[Statement]:
         """What is left to send: the pending writes, then COMMIT."""

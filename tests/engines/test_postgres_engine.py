@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -510,3 +511,111 @@ class TestPlans:
             self, engine: PostgresEngine, body: Any) -> None:
         with pytest.raises((TypeError, ValueError)):
             engine.call("kv", body)
+
+
+@pytest.fixture
+def scripts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every body's script the engines send from now on, one entry per round trip.
+
+    A pool's new connection PREPAREs its statements in the pool's own thread at any
+    moment; that is not a body's trip, so it is left out.
+    """
+    sent: list[str] = []
+    real_execute = psycopg.ClientCursor.execute
+
+    def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if not str(query).startswith("PREPARE"):
+            sent.append(str(query))
+        return real_execute(cursor, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
+    return sent
+
+
+def kv_table(url: str) -> str:
+    return f'"{url.rsplit("schema=", 1)[1]}".kv'
+
+
+class TestOneTripBodies:
+    """A body reading only rows the client remembers, and deleting, is sent whole, guarded."""
+
+    def test_a_release_after_the_clients_own_acquire_is_one_round_trip(
+            self, url: str, engine: PostgresEngine, scripts: list[str]) -> None:
+        held = acquire(engine, "one", "a")
+        scripts.clear()
+        assert release(engine, "one", held) == {"released": True}
+        assert len(scripts) == 1, scripts
+        assert "BEGIN" not in scripts[0], f"one implicit transaction: {scripts}"
+        assert "qs_guard_row" in scripts[0] and "qs_delete" in scripts[0], scripts
+        with contextlib.closing(PostgresEngine.from_url(url)) as other:
+            assert acquire(other, "one", "b")["acquired"], "the permit was not freed"
+
+    def test_a_permit_taken_over_since_is_not_released_by_its_old_holder(
+            self, server: PgServer, url: str, engine: PostgresEngine,
+            scripts: list[str]) -> None:
+        held = acquire(engine, "taken", "a")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {kv_table(url)} SET expires_at = 0")  # expired, unseen by a
+        with contextlib.closing(PostgresEngine.from_url(url)) as other:
+            successor = acquire(other, "taken", "b")
+            scripts.clear()
+            assert release(engine, "taken", held) == {"released": False, "reason": "lost"}
+            assert len(scripts) == 3, f"a failed guard, then two trips: {scripts}"
+            holders = other.call("locks", {"operations": [{"op": "get", "name": "taken"}]})
+        assert [h["token"] for h in holders["results"][0]["holders"]] == [successor["token"]]
+
+    @pytest.mark.parametrize("skew_ms", [600_000, -600_000])
+    def test_expiry_of_a_remembered_row_is_judged_again_by_the_database_clock(
+            self, engine: PostgresEngine, skew_ms: int) -> None:
+        """Estimate the clock 10 min ahead: the permit looks expired; behind: it looks live."""
+        held = acquire(engine, "judged", "a", ttl=1 if skew_ms < 0 else 30)
+        if skew_ms < 0:
+            time.sleep(1.1)  # the permit really expires, by the database's clock
+        now = engine.storage._seen.estimated_now()
+        engine.storage._seen.saw_clock((now + skew_ms, time.monotonic()))
+        expected = {"released": True} if skew_ms > 0 else {"released": False, "reason": "lost"}
+        assert release(engine, "judged", held) == expected
+
+    def test_a_remembered_key_changed_by_another_client_is_read_afresh(
+            self, url: str, engine: PostgresEngine, scripts: list[str]) -> None:
+        get = {"operations": [{"op": "get", "ns": "n", "key": "k"}]}
+        engine.call("kv", {"operations": [{"op": "put", "ns": "n", "key": "k", "value": 1,
+                                           "forever": True}]})
+        scripts.clear()
+        assert engine.call("kv", get)["results"][0]["value"] == 1
+        assert len(scripts) == 1, f"a remembered key is read in one trip: {scripts}"
+        with contextlib.closing(PostgresEngine.from_url(url)) as other:
+            other.call("kv", {"operations": [{"op": "put", "ns": "n", "key": "k", "value": 2,
+                                              "forever": True}]})
+        assert engine.call("kv", get)["results"][0]["value"] == 2
+
+    def test_a_rollback_concluded_from_stale_rows_is_not_answered(
+            self, server: PgServer, url: str, engine: PostgresEngine) -> None:
+        """The remembered permit is at an old token; the database's is what the check expects."""
+        engine.call("kv", {"operations": [{"op": "put", "ns": "out", "key": "a", "value": 1,
+                                           "forever": True}]})
+        held = acquire(engine, "fenced", "a")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {kv_table(url)} SET version = version + 100"
+                         " WHERE ns = 'queen-locks'")
+        check = {"op": "check", "ns": "queen-locks", "key": "fenced#0",
+                 "expect": held["token"] + 100, "required": True}
+        answer = engine.call("transaction", {"kv": [check, {"op": "delete", "ns": "out",
+                                                            "key": "a"}]})
+        assert answer["success"] is True, answer
+        assert engine.call("kv", {"operations": [{"op": "get", "ns": "out", "key": "a"}]}
+                           )["results"][0]["found"] is False
+
+    def test_a_connection_the_server_has_closed_gets_no_one_trip_release(
+            self, server: PgServer) -> None:
+        app = "closed_" + secrets.token_hex(4)
+        url = f"{server.url}?application_name={app}"
+        with contextlib.closing(PostgresEngine.from_url(url)) as engine:
+            held = acquire(engine, "closed", "a")
+            conns = [c for c in engine.storage.connections if not c.closed]
+            assert server.terminate_backends(app) >= 1
+            deadline = time.monotonic() + 5
+            while not all(_postgres_storage._has_input(c) for c in conns):
+                assert time.monotonic() < deadline, "the server never closed the sessions"
+                time.sleep(0.01)
+            assert release(engine, "closed", held) == {"released": True}
