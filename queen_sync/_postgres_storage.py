@@ -1,10 +1,11 @@
 """PostgreSQL storage for the embedded semantics: one schema, one pool, one transaction per body.
 
 The pool is shared by every thread of a client (the caller, the renewer). A body
-is one transaction (see ``_postgres_txn``) in two round trips. A connection lost
-before COMMIT was sent means nothing committed, so the body runs once more on a
-fresh connection; one lost during COMMIT leaves the outcome unknown, and says
-so. Driver errors leave this module as queen_sync errors.
+is one transaction: in two round trips (see ``_postgres_txn``), or in one when it
+only reads rows the client remembers and deletes (see ``_postgres_guarded``). A
+connection lost before COMMIT was sent means nothing committed, so the body runs
+once more on a fresh connection; one lost during COMMIT leaves the outcome
+unknown, and says so. Driver errors leave this module as queen_sync errors.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class PostgresStorage:
         self._timeout = timeout
         self._sizes = (min_size, max_size)
         self._pool: Optional[_Pool] = None
+        self._hot: Optional[psycopg.Connection[Any]] = None
         self._mutex = threading.Lock()
         self._state = _CallState()
         self._seen = SeenRows()
@@ -185,12 +187,18 @@ class PostgresStorage:
     def _checkout(self) -> tuple[psycopg.Connection[Any], Optional[_Pool]]:
         """A connection, and the pool it came from (None: opened for this call alone)."""
         pool = self._open_pool()
+        hot = self._take_hot()
+        if hot is not None:
+            return hot, pool
         try:
             return pool.getconn(timeout=_POOL_WAIT), pool
         except psycopg_pool.PoolTimeout:
             pass  # the pool is busy, or reconnecting with back-off after an outage
         except psycopg.Error as exc:
             raise translate(exc, self.where) from exc
+        hot = self._take_hot()  # set aside by another thread while this one waited
+        if hot is not None:
+            return hot, pool
         # Connecting here, now, answers at once: a connection, or libpq's reason why not.
         try:
             conn = self.connect()
@@ -209,10 +217,27 @@ class PostgresStorage:
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.close()
-        if pool is not None and not pool.closed:
-            pool.putconn(conn)
-        else:
+        if pool is None or pool.closed:
             conn.close()
+            return
+        if not _lost(conn) and not pool.get_stats().get("requests_waiting"):
+            # Kept aside for the next call: the pool hands its idle connections out in
+            # turn, and a lone caller served by one warm session gets its answers sooner.
+            with self._mutex:
+                if self._hot is None and self._pool is pool:
+                    self._hot = conn
+                    return
+        pool.putconn(conn)
+
+    def _take_hot(self) -> Optional[psycopg.Connection[Any]]:
+        with self._mutex:
+            hot, self._hot = self._hot, None
+        return hot
+
+    def _return_hot(self) -> None:
+        hot, pool = self._take_hot(), self._pool
+        if hot is not None and pool is not None:
+            pool.putconn(hot)
 
     # ---- transactions --------------------------------------------------------------------
 
@@ -304,6 +329,7 @@ class PostgresStorage:
             raise translate(exc, self.where) from exc
 
     def _discard_dead(self) -> None:
+        self._return_hot()
         pool = self._pool
         if pool is not None:
             with contextlib.suppress(psycopg.Error):
@@ -312,11 +338,17 @@ class PostgresStorage:
     def _sweep(self) -> None:
         """Delete a batch of expired rows; skips rows someone holds (a fence, a body)."""
         try:
-            with self._open_pool().connection(timeout=_POOL_WAIT) as conn:
-                now = _fetch_one(conn.execute(CLOCK))[0]
-                conn.execute(self.sql.sweep, (now,))
+            conn, pool = self._checkout()
+        except QueenError as exc:
+            log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
+            return
+        try:
+            now = _fetch_one(conn.execute(CLOCK))[0]
+            conn.execute(self.sql.sweep, (now,))
         except psycopg.Error as exc:
             log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
+        finally:
+            self._checkin(conn, pool)
 
     def notify_released(self, names: Sequence[str]) -> None:
         """Nothing to do: ``delete`` notified inside the transaction that freed the permit."""
@@ -335,6 +367,7 @@ class PostgresStorage:
         # A parent thread may have held the mutex at the fork: take a fresh one first.
         self._mutex = threading.Lock()
         pool, self._pool = self._pool, None
+        self._hot = None  # the parent's session, detached below with the rest
         conns, self.connections = self.connections, []
         detach(conns)
         if pool is not None:
@@ -343,6 +376,7 @@ class PostgresStorage:
         self._seen = SeenRows()
 
     def close(self) -> None:
+        self._return_hot()
         with self._mutex:
             self._closed = True
             pool, self._pool = self._pool, None

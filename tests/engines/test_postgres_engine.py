@@ -420,6 +420,47 @@ class TestConcurrency:
         assert {row["value"] for row in values} == {80}, "every increment must land once"
 
 
+class TestConnections:
+    def test_a_lone_callers_calls_are_all_served_by_one_session(self, url: str) -> None:
+        with contextlib.closing(PostgresEngine.from_url(url)) as engine:
+            storage = engine.storage
+            pids = set()
+            for index in range(20):
+                release(engine, "lone", acquire(engine, "lone", "a"))
+                engine.call("kv", {"operations": [{"op": "get", "ns": "n", "key": str(index)}]})
+                pids.add(_backend_pid(storage))
+        assert len(pids) == 1, f"calls rotated through sessions {pids}"
+
+    def test_two_threads_on_a_one_connection_pool_never_connect_around_it(
+            self, url: str) -> None:
+        with contextlib.closing(PostgresEngine.from_url(url, pool_max_size=1)) as engine:
+            acquire(engine, "warm", "a")
+            storage = engine.storage
+            real_connect, outside = storage.connect, []
+
+            def counting_connect(**overrides: Any) -> Any:
+                outside.append(overrides)
+                return real_connect(**overrides)
+
+            storage.connect = counting_connect  # type: ignore[method-assign]
+            failures: list[BaseException] = []
+
+            def calls(owner: str) -> None:
+                try:
+                    for _ in range(100):
+                        release(engine, owner, acquire(engine, owner, owner))
+                except BaseException as exc:  # reported below
+                    failures.append(exc)
+
+            threads = [threading.Thread(target=calls, args=(o,)) for o in ("a", "b")]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        assert not failures, failures
+        assert not outside, f"{len(outside)} calls gave up on the pool and connected directly"
+
+
 class TestLifecycle:
     def test_a_forked_child_gets_its_own_sessions_and_leaves_the_parents_alone(
             self, url: str) -> None:
@@ -429,8 +470,7 @@ class TestLifecycle:
             assert lock.acquire()
             with q.engine.subscribe("parent"):
                 pass  # a LISTEN session for the child to inherit too
-            with storage._open_pool().connection() as conn:
-                before = conn.execute("SELECT pg_backend_pid()").fetchone()
+            before = _backend_pid(storage)
             inherited = list(storage.connections)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
@@ -439,8 +479,7 @@ class TestLifecycle:
                 _child_after_fork(q, inherited)
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed"
-            with storage._open_pool().connection() as conn:
-                after = conn.execute("SELECT pg_backend_pid()").fetchone()
+            after = _backend_pid(storage)
             assert before == after, "the parent's session was replaced: the child ended it"
             assert lock.held and q.locks.get("parent")["holders"][0]["owner"] == lock.owner
 
@@ -457,6 +496,15 @@ class TestLifecycle:
             time.sleep(0.02)
         left = [t.name for t in set(threading.enumerate()) - before]
         assert not left, f"threads left behind: {left}"
+
+
+def _backend_pid(storage: Any) -> int:
+    """The server process behind the connection the storage's next call would use."""
+    conn, pool = storage._checkout()
+    try:
+        return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    finally:
+        storage._checkin(conn, pool)
 
 
 def _child_after_fork(q: qs.Queen, inherited: list[Any]) -> None:
