@@ -41,8 +41,9 @@ RAW_KEY = 424242
 def replayed_sql_rate(q: qs.Queen, seconds: float) -> float:
     """Pairs/s of the exact SQL one acquire and one release send, replayed in a bare loop.
 
-    The ceiling of the engine's design (two round trips per call, a durable acquire)
-    with none of its Python: what is left between this and the handle is our code.
+    The ceiling of the engine's design (an acquire in two round trips with a durable
+    commit, a release in one) with none of its Python: what is left between this and
+    the handle is our code and the driver's.
     Reaches into the engine's private connection handling; a measurement, not an API.
     """
     storage: Any = q.engine.storage  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping
+from typing import Any, Optional, Sequence
 
 from ._errors import RequestError
 

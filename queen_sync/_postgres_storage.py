@@ -167,7 +167,8 @@ class PostgresStorage:
             if self._pool is None:
                 self._pool = psycopg_pool.ConnectionPool(
                     self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
-                    kwargs={"autocommit": True, "cursor_factory": ClientCursor},
+                    kwargs={"autocommit": True, "cursor_factory": ClientCursor,
+                            "prepare_threshold": None},
                     configure=self._prepare, timeout=self._timeout, name="queen_sync",
                     num_workers=1, open=True)
             return self._pool
@@ -252,11 +253,11 @@ class PostgresStorage:
         conn, pool = self._checkout()
         box: list[Txn] = []
         try:
+            cur = conn.cursor()
             with self._body_failures(conn, box):
-                box.append(self._guarded(conn) or PgTxn(conn.cursor(), self.sql,
-                                                        self._state.plan))
+                box.append(self._guarded(conn) or PgTxn(cur, self.sql, self._state.plan))
                 yield box[0]
-            self._commit(conn, box[0])
+            self._commit(conn, cur, box[0])
         except BaseException:
             if box:  # what it read may have changed: remember it afresh next time
                 self._seen.forget(set(box[0].rows()))
@@ -312,11 +313,11 @@ class PostgresStorage:
             return StorageConflict("connection lost before commit")
         return translate(exc, self.where)
 
-    def _commit(self, conn: psycopg.Connection[Any], txn: Txn) -> None:
+    def _commit(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], txn: Txn) -> None:
         """Send the pending writes and COMMIT in one script; a lost connection is ambiguous."""
         script = txn.commit_script()
         try:
-            conn.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
+            cur.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
         except psycopg.Error as exc:
             if _lost(conn):
                 raise EngineUnavailableError(

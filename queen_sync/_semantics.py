@@ -13,7 +13,8 @@ import logging
 import os
 import secrets
 import socket
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, Sequence
 
 from ._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
 from ._ops import (

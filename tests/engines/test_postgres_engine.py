@@ -159,7 +159,8 @@ class TestErrors:
                 return [("COMMIT", ())]
 
         with pytest.raises(qs.EngineUnavailableError, match="unknown"):
-            engine.storage._commit(DeadConnection(), Txn())  # type: ignore[arg-type]
+            dead = DeadConnection()
+            engine.storage._commit(dead, dead, Txn())  # type: ignore[arg-type]
 
     def test_a_missing_privilege_is_an_engine_error_not_unavailability(
             self, server: PgServer, url: str) -> None:
