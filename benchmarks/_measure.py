@@ -61,27 +61,34 @@ def latency_line(values: list[float]) -> str:
 # ---- 1. uncontended pairs/s --------------------------------------------------------------
 
 
-def rate(pair: Callable[[], None], seconds: float, rounds: int = 3, batch: int = 100) -> float:
-    """Pairs per second: the median of ``rounds`` timed runs of about ``seconds`` each,
-    the clock read every ``batch`` pairs."""
-    for _ in range(200):
-        pair()  # warm caches, connections and the file's pages
-    rates = []
+def rates(pairs: dict[str, Callable[[], None]], seconds: float, rounds: int = 5,
+          batch: int = 100) -> dict[str, float]:
+    """Pairs per second of each contender: the median of ``rounds`` timed runs.
+
+    The rounds are interleaved (every contender runs once per round, in turn, for
+    ``seconds / rounds``), so a slow spell of a noisy machine slows them all alike
+    instead of skewing one figure. The clock is read every ``batch`` pairs.
+    """
+    for pair in pairs.values():
+        for _ in range(200):
+            pair()  # warm caches, connections and the file's pages
+    measured: dict[str, list[float]] = {name: [] for name in pairs}
     for _ in range(rounds):
-        done, started = 0, time.perf_counter()
-        while True:
-            for _ in range(batch):
-                pair()
-            done += batch
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                break
-        rates.append(done / elapsed)
-    return statistics.median(rates)
+        for name, pair in pairs.items():
+            done, started = 0, time.perf_counter()
+            while True:
+                for _ in range(batch):
+                    pair()
+                done += batch
+                elapsed = time.perf_counter() - started
+                if elapsed >= seconds / rounds:
+                    break
+            measured[name].append(done / elapsed)
+    return {name: statistics.median(values) for name, values in measured.items()}
 
 
-def queen_pair_rates(q: qs.Queen, seconds: float, batch: int = 100) -> tuple[float, float]:
-    """Pairs/s through a ``Lock`` handle (auto-renewed) and through the ``q.locks`` wire."""
+def queen_pairs(q: qs.Queen) -> dict[str, Callable[[], None]]:
+    """An acquire+release pair through a ``Lock`` handle (auto-renewed), and through ``q.locks``."""
     lock = q.lock("pairs", ttl=30)
 
     def handle_pair() -> None:
@@ -92,7 +99,7 @@ def queen_pair_rates(q: qs.Queen, seconds: float, batch: int = 100) -> tuple[flo
         answer = q.locks.acquire("wire", ttl_seconds=30)
         q.locks.release("wire", token=answer["token"], slot=answer["slot"])
 
-    return rate(handle_pair, seconds, batch=batch), rate(wire_pair, seconds, batch=batch)
+    return {"handle": handle_pair, "wire": wire_pair}
 
 
 # ---- 2. hand-off latency ----------------------------------------------------------------

@@ -35,13 +35,23 @@ import _measure as m
 
 
 def bench_pairs(folder: str, seconds: float) -> None:
-    print("1. uncontended acquire+release pairs/s")
-    with qs.Queen("sqlite://" + os.path.join(folder, "pairs.db")) as q:
-        handle, wire = m.queen_pair_rates(q, seconds)
+    print("1. uncontended acquire+release pairs/s, interleaved rounds")
     flock = filelock.FileLock(os.path.join(folder, "filelock.lock"))
-    filelock_rate = m.rate(lambda: (flock.acquire(), flock.release()), seconds)
     plock = portalocker.Lock(os.path.join(folder, "portalocker.lock"), timeout=5)
-    portalocker_rate = m.rate(lambda: (plock.acquire(), plock.release()), seconds)
+
+    def filelock_pair() -> None:
+        flock.acquire()
+        flock.release()
+
+    def portalocker_pair() -> None:
+        plock.acquire()
+        plock.release()
+
+    with qs.Queen("sqlite://" + os.path.join(folder, "pairs.db")) as q:
+        measured = m.rates({**m.queen_pairs(q), "filelock": filelock_pair,
+                            "portalocker": portalocker_pair}, seconds * 3)
+    handle, wire = measured["handle"], measured["wire"]
+    filelock_rate, portalocker_rate = measured["filelock"], measured["portalocker"]
     for label, value in (("lock.acquire(); lock.release()", handle),
                          ("q.locks.acquire/release", wire), ("filelock.FileLock", filelock_rate),
                          ("portalocker.Lock", portalocker_rate)):

@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import psycopg
 
@@ -38,13 +38,14 @@ RAW_KEY = 424242
 # ---- 1. uncontended pairs/s --------------------------------------------------------------
 
 
-def replayed_sql_rate(q: qs.Queen, seconds: float) -> float:
-    """Pairs/s of the exact SQL one acquire and one release send, replayed in a bare loop.
+@contextlib.contextmanager
+def replayed_pair(q: qs.Queen) -> Iterator[Callable[[], None]]:
+    """A pair made of the exact SQL one acquire and one release send, replayed bare.
 
     The ceiling of the engine's design (an acquire in two round trips with a durable
     commit, a release in one) with none of its Python: what is left between this and
-    the handle is our code and the driver's.
-    Reaches into the engine's private connection handling; a measurement, not an API.
+    the handle is our code and the driver's. Reaches into the engine's private
+    connection handling; a measurement, not an API.
     """
     storage: Any = q.engine.storage  # type: ignore[attr-defined]
     sent: list[tuple[Any, Any]] = []
@@ -54,13 +55,15 @@ def replayed_sql_rate(q: qs.Queen, seconds: float) -> float:
         sent.append((query, params))
         return real_execute(self, query, params, **kw)
 
-    lock = q.lock("replayed", ttl=30)
+    lock = q.lock("replayed", ttl=3600)  # its guard, replayed, must hold all run long
+    q.locks.get("replayed")  # the schema is made, and a connection prepared, before recording
     psycopg.ClientCursor.execute = recording  # type: ignore[method-assign]
     try:
         assert lock.acquire()
         lock.release()
     finally:
         psycopg.ClientCursor.execute = real_execute  # type: ignore[method-assign]
+    sent = [(query, params) for query, params in sent if not str(query).startswith("PREPARE")]
     conn, pool = storage._checkout()
     try:
         cur = conn.cursor()
@@ -71,22 +74,23 @@ def replayed_sql_rate(q: qs.Queen, seconds: float) -> float:
                 while cur.nextset():
                     pass
 
-        return m.rate(replay_pair, seconds, batch=50)
+        yield replay_pair
     finally:
         storage._checkin(conn, pool)
 
 
 def bench_pairs(url: str, seconds: float) -> None:
-    print("1. uncontended acquire+release pairs/s")
-    with qs.Queen(url) as q, psycopg.connect(url, autocommit=True) as conn:
+    print("1. uncontended acquire+release pairs/s, interleaved rounds")
+    with qs.Queen(url) as q, psycopg.connect(url, autocommit=True) as conn, \
+            replayed_pair(q) as replay:
 
         def raw_pair() -> None:
             conn.execute("SELECT pg_try_advisory_lock(%s)", (RAW_KEY,)).fetchone()
             conn.execute("SELECT pg_advisory_unlock(%s)", (RAW_KEY,)).fetchone()
 
-        handle, wire = m.queen_pair_rates(q, seconds, batch=50)
-        replayed = replayed_sql_rate(q, seconds)
-        raw = m.rate(raw_pair, seconds, batch=50)
+        measured = m.rates({**m.queen_pairs(q), "replayed": replay, "raw": raw_pair},
+                           seconds * 3, batch=50)
+    handle, wire, replayed, raw = (measured[k] for k in ("handle", "wire", "replayed", "raw"))
     for label, value in (("Lock handle (auto-renewed)", handle), ("q.locks wire", wire),
                          ("its SQL replayed, no Python", replayed),
                          ("raw pg_try_advisory_lock", raw)):
