@@ -3,9 +3,9 @@
 A body runs on ``PgTxn`` in two round trips: one to lock and read, one to write and
 commit. Yet a release usually reads back the very row this client wrote moments
 before (its acquire, its last renewal). So the storage remembers, per client, the
-rows its committed transactions left behind and the database clock they saw. A
-body that only reads remembered rows and deletes (a release, a ``get`` of a
-remembered key) runs at once on that memory, with the clock estimated from the
+lock permits its committed transactions left behind and the database clock they
+saw. A body that only reads remembered permits and deletes (a release, a guarded
+delete) runs at once on that memory, with the clock estimated from the
 last reading; the whole transaction then travels as one script: the entities'
 locks, one guard per row the body read, its deletes.
 
@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
+from ._ops import LOCKS_NS
 from ._postgres_sql import Statement, Statements
 from ._postgres_txn import Plan, delete_statements, entity_key, entity_of
 from ._storage import Row
@@ -37,7 +38,7 @@ class NotGuardable(Exception):
 
 
 class SeenRows:
-    """The rows this client's committed transactions left behind, and the database's clock.
+    """The permits this client's committed transactions left behind, and the database's clock.
 
     Only a hint: guards check every remembered row a body relies on, so a row another
     client changed since costs a second attempt, never a wrong answer.
@@ -58,8 +59,14 @@ class SeenRows:
                 raise NotGuardable(f"{ns}/{key} is not remembered") from None
 
     def remember(self, rows: dict[tuple[str, str], Optional[Row]]) -> None:
+        """Keep the lock permits among ``rows``: small, and what a release reads back.
+
+        Key/value rows are not kept, as their values may be large.
+        """
         with self._mutex:
             for address, row in rows.items():
+                if address[0] != LOCKS_NS:
+                    continue
                 self._rows[address] = row
                 self._rows.move_to_end(address)
             while len(self._rows) > self._capacity:

@@ -2,7 +2,7 @@
 
 The pool is shared by every thread of a client (the caller, the renewer). A body
 is one transaction: in two round trips (see ``_postgres_txn``), or in one when it
-only reads rows the client remembers and deletes (see ``_postgres_guarded``). A
+only reads permits the client remembers and deletes (see ``_postgres_guarded``). A
 connection lost before COMMIT was sent means nothing committed, so the body runs
 once more on a fresh connection; one lost during COMMIT leaves the outcome
 unknown, and says so. Driver errors leave this module as queen_sync errors.
