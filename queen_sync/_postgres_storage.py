@@ -272,9 +272,13 @@ class PostgresStorage:
             self._sweep()
 
     def _guarded(self, conn: psycopg.Connection[Any]) -> Optional[GuardedTxn]:
-        """A one-trip transaction, when the body mints nothing and this is its first attempt."""
+        """A one-trip transaction, for a body of releases on its first attempt.
+
+        Releases are what reads back remembered permits; other bodies need a prefix
+        scan, a new version or a key/value row, so they would only stop short.
+        """
         state = self._state
-        if state.guarded or state.plan.versions or not state.plan.entities:
+        if state.guarded or state.plan.durable or not state.plan.entities:
             return None
         now = self._seen.estimated_now()
         if now is None or _has_input(conn):

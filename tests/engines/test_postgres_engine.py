@@ -26,6 +26,9 @@ import psycopg_pool
 import queen_sync as qs
 from queen_sync import _postgres, _postgres_storage
 from queen_sync._postgres import PostgresEngine
+from queen_sync._postgres_guarded import GuardedTxn
+from queen_sync._postgres_txn import Plan
+from queen_sync._storage import StorageConflict
 
 pytestmark = pytest.mark.timeout(60)
 CTX = multiprocessing.get_context("spawn")
@@ -625,32 +628,27 @@ class TestOneTripBodies:
         expected = {"released": True} if skew_ms > 0 else {"released": False, "reason": "lost"}
         assert release(engine, "judged", held) == expected
 
-    def test_key_value_rows_are_not_remembered_so_reads_of_them_take_two_trips(
-            self, url: str, engine: PostgresEngine, scripts: list[str]) -> None:
-        get = {"operations": [{"op": "get", "ns": "n", "key": "k"}]}
+    def test_only_releases_take_one_trip_and_key_values_are_not_remembered(
+            self, engine: PostgresEngine, scripts: list[str]) -> None:
         engine.call("kv", {"operations": [{"op": "put", "ns": "n", "key": "k", "value": 1,
                                            "forever": True}]})
+        held = acquire(engine, "other", "a")
         scripts.clear()
-        assert engine.call("kv", get)["results"][0]["value"] == 1
-        assert len(scripts) == 2 and "qs_guard" not in "".join(scripts), scripts
-        assert engine.storage._seen._rows == {}, "a key/value row was kept in memory"
+        engine.call("kv", {"operations": [{"op": "get", "ns": "n", "key": "k"}]})
+        engine.call("locks", {"operations": [{"op": "get", "name": "other"}]})
+        check = {"op": "check", "ns": "queen-locks", "key": "other#0", "expect": held["token"]}
+        engine.call("transaction", {"kv": [check]})
+        assert len(scripts) == 6 and "qs_guard" not in "".join(scripts), scripts
+        assert list(engine.storage._seen._rows) == [("queen-locks", "other#0")], (
+            "only lock permits are kept in memory")
 
-    def test_a_rollback_concluded_from_stale_rows_is_not_answered(
-            self, server: PgServer, url: str, engine: PostgresEngine) -> None:
-        """The remembered permit is at an old token; the database's is what the check expects."""
-        engine.call("kv", {"operations": [{"op": "put", "ns": "out", "key": "a", "value": 1,
-                                           "forever": True}]})
-        held = acquire(engine, "fenced", "a")
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute(f"UPDATE {kv_table(url)} SET version = version + 100"
-                         " WHERE ns = 'queen-locks'")
-        check = {"op": "check", "ns": "queen-locks", "key": "fenced#0",
-                 "expect": held["token"] + 100, "required": True}
-        answer = engine.call("transaction", {"kv": [check, {"op": "delete", "ns": "out",
-                                                            "key": "a"}]})
-        assert answer["success"] is True, answer
-        assert engine.call("kv", {"operations": [{"op": "get", "ns": "out", "key": "a"}]}
-                           )["results"][0]["found"] is False
+    def test_whatever_a_guarded_body_concludes_short_of_its_guards_is_decided_again(
+            self, engine: PostgresEngine) -> None:
+        """An error or a rollback's answer drawn from remembered rows is never passed on."""
+        guarded = GuardedTxn(engine.storage.sql, Plan(), engine.storage._seen, 0)
+        failures = engine.storage._body_failures(None, [guarded])  # type: ignore[arg-type]
+        with pytest.raises(StorageConflict, match="two-trip path"), failures:
+            raise ValueError("concluded from remembered rows")
 
     def test_a_connection_the_server_has_closed_gets_no_one_trip_release(
             self, server: PgServer) -> None:

@@ -24,6 +24,7 @@ if not require_pg():
 import psycopg
 
 import queen_sync as qs
+from queen_sync import _postgres_storage
 
 pytestmark = pytest.mark.timeout(60)
 CTX = multiprocessing.get_context("spawn")
@@ -205,6 +206,9 @@ def test_a_lost_connection_is_retried_once_then_reported(server: PgServer) -> No
         conn, pool = real_checkout()
         if kills.acquire(blocking=False):
             server.terminate_backends(app)
+            deadline = time.monotonic() + 5
+            while not _postgres_storage._has_input(conn) and time.monotonic() < deadline:
+                time.sleep(0.005)  # until the server's goodbye has reached this end
         return conn, pool
 
     engine.call("locks", {"operations": [{"op": "get", "name": "warm"}]})
