@@ -31,6 +31,7 @@ log = logging.getLogger("queen_sync")
 
 _POOL_WAIT = 0.25
 _SWEEP_EVERY = 1000
+_HOT_USES = 1000
 
 # Every driver exception type this package catches, each translated by ``translate``.
 CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
@@ -127,6 +128,7 @@ class PostgresStorage:
         self._sizes = (min_size, max_size)
         self._pool: Optional[_Pool] = None
         self._hot: Optional[psycopg.Connection[Any]] = None
+        self._checkins = 0
         self._mutex = threading.Lock()
         self._state = _CallState()
         self._seen = SeenRows()
@@ -221,9 +223,12 @@ class PostgresStorage:
         if pool is None or pool.closed:
             conn.close()
             return
-        if not _lost(conn) and not pool.get_stats().get("requests_waiting"):
+        self._checkins += 1
+        if (not _lost(conn) and self._checkins % _HOT_USES
+                and not pool.get_stats().get("requests_waiting")):
             # Kept aside for the next call: the pool hands its idle connections out in
             # turn, and a lone caller served by one warm session gets its answers sooner.
+            # Every _HOT_USES calls it goes back, so the pool's lifetime policy applies.
             with self._mutex:
                 if self._hot is None and self._pool is pool:
                     self._hot = conn

@@ -435,6 +435,17 @@ class TestConnections:
                 pids.add(_backend_pid(storage))
         assert len(pids) == 1, f"calls rotated through sessions {pids}"
 
+    def test_the_kept_connection_goes_back_to_the_pool_now_and_then(
+            self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """So the pool's own policies (max_lifetime, checks) still reach it."""
+        monkeypatch.setattr(_postgres_storage, "_HOT_USES", 2)
+        with contextlib.closing(PostgresEngine.from_url(url)) as engine:
+            kept = []
+            for _ in range(4):
+                engine.call("locks", {"operations": [{"op": "get", "name": "n"}]})
+                kept.append(engine.storage._hot is not None)
+        assert kept.count(True) == 2 and kept.count(False) == 2, kept
+
     def test_two_threads_on_a_one_connection_pool_never_connect_around_it(
             self, url: str) -> None:
         with contextlib.closing(PostgresEngine.from_url(url, pool_max_size=1)) as engine:
