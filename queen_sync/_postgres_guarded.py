@@ -26,8 +26,8 @@ from collections import OrderedDict
 from typing import Optional
 
 from ._ops import LOCKS_NS
-from ._postgres_sql import Statement, Statements
-from ._postgres_txn import Plan, delete_statements, entity_key, entity_of
+from ._postgres_sql import ASYNC_COMMIT, Statement, Statements
+from ._postgres_txn import Plan, delete_statements, entity_of, lock_statements
 from ._storage import Row
 
 _REMEMBERED_ROWS = 4096
@@ -147,8 +147,6 @@ class GuardedTxn:
         transaction, which commits at its end, and which a failed guard rolls back
         without a ROLLBACK costing another round trip.
         """
-        script: list[Statement] = [] if self._durable else [
-            ("SET LOCAL synchronous_commit = off", ())]
-        script += [(self._sql.lock, (self._sql.lock_class, entity_key(e)))
-                   for e in sorted(self._entities, key=entity_key)]
+        script: list[Statement] = [] if self._durable else [(ASYNC_COMMIT, ())]
+        script += lock_statements(self._sql, self._entities)
         return [*script, *self._guards, *self._writes]

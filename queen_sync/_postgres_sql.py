@@ -16,6 +16,9 @@ from ._ops import LOCKS_NS
 
 SCHEMA_VERSION = 1
 COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
+# A body that only releases need not wait for the disk: a release lost in a crash only
+# lets the lease run out, and any later durable commit flushes it anyway.
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _ROW_TYPES = "text, text, json, bigint, bigint, bigint, bigint, bigint"
 # Past this many entities a body's rows are fetched by one unprepared SELECT.

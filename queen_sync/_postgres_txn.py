@@ -26,12 +26,12 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import psycopg
 
 from ._ops import LOCKS_NS
-from ._postgres_sql import Statement, Statements, signed32
+from ._postgres_sql import ASYNC_COMMIT, Statement, Statements, signed32
 from ._storage import Row
 
 
@@ -57,6 +57,11 @@ def _prefix_end(prefix: str) -> Optional[str]:
         if last <= 0x10FFFF:
             return "".join(chars) + chr(last)
     return None
+
+
+def lock_statements(sql: Statements, entities: Iterable[str]) -> list[Statement]:
+    """Transaction-scoped locks on these entities, in the one fixed order every body uses."""
+    return [(sql.lock, (sql.lock_class, entity_key(e))) for e in sorted(entities, key=entity_key)]
 
 
 def delete_statements(sql: Statements, ns: str, key: str) -> list[Statement]:
@@ -135,9 +140,10 @@ class PgTxn:
         self._complete: set[str] = set()
         self.unplanned: set[str] = set()
         ordered = sorted(plan.entities, key=entity_key)
-        begin = "BEGIN" if plan.durable else "BEGIN; SET LOCAL synchronous_commit = off"
-        script: list[Statement] = [(begin, ())]
-        script += [(sql.lock, (sql.lock_class, entity_key(e))) for e in ordered]
+        script: list[Statement] = [("BEGIN", ())]
+        if not plan.durable:
+            script.append((ASYNC_COMMIT, ()))
+        script += lock_statements(sql, ordered)
         script.append(sql.draw(plan.versions))
         fetches = sql.fetch(ordered) if ordered else []
         sent = time.monotonic()
@@ -175,7 +181,7 @@ class PgTxn:
         """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
         script, self._pending = self._pending, []
         if entity is not None and entity not in self._held:
-            script.append((self._sql.lock, (self._sql.lock_class, entity_key(entity))))
+            script += lock_statements(self._sql, [entity])
             self._held.add(entity)
             self.unplanned.add(entity)
             self._spares = []  # drawn before this lock, so not above what its holders minted
