@@ -28,6 +28,7 @@ from ._errors import (
     QueenError,
     QueenHttpError,
     RequestError,
+    StoreReplacedError,
     UnsupportedOperationError,
 )
 from ._kv import Kv
@@ -61,6 +62,7 @@ __all__ = [
     "RequestError",
     "Result",
     "RunResult",
+    "StoreReplacedError",
     "Transaction",
     "UnsupportedOperationError",
     "__version__",

@@ -11,6 +11,7 @@ QueenError
 ├── UnsupportedOperationError      (capability) this engine cannot do that
 └── EngineError                    could not get an answer
     ├── EngineUnavailableError     could not reach the engine
+    ├── StoreReplacedError         (path) the store this client opened is gone or replaced
     ├── QueenHttpError             (status, code, reason, detail, retry_after)
     └── ProtocolError              (route) the answer is not what the route promises
 ```
@@ -35,6 +36,7 @@ __all__ = [
     "QueenError",
     "QueenHttpError",
     "RequestError",
+    "StoreReplacedError",
     "UnsupportedOperationError",
 ]
 
@@ -129,6 +131,19 @@ class EngineError(QueenError):
 
 class EngineUnavailableError(EngineError):
     """The engine could not be reached (connection refused, timeout, database locked too long)."""
+
+
+class StoreReplacedError(EngineError):
+    """The store this client opened is no longer the one at its address (deleted, renamed over).
+
+    Nothing this client holds can be kept: another process opening the address now starts
+    a new store whose tokens begin again, so the renewer reports every lease lost at once.
+    """
+
+    path: str
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message, path=path)
 
 
 class QueenHttpError(EngineError):

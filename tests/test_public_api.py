@@ -11,7 +11,8 @@ INTENDED = {
     "Capabilities", "Engine", "EngineError", "EngineUnavailableError", "FencedOutError",
     "Holder", "Kv", "Lock", "LockBusyError", "LockError", "LockLostError", "LockNotHeldError",
     "Locks", "Metrics", "ProtocolError", "Queen", "QueenError", "QueenHttpError",
-    "RequestError", "Result", "RunResult", "Transaction", "UnsupportedOperationError",
+    "RequestError", "Result", "RunResult", "StoreReplacedError", "Transaction",
+    "UnsupportedOperationError",
     "__version__", "connect", "current_lock", "default_client", "parse_duration",
     "singleton_job",
 }
