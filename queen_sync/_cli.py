@@ -9,18 +9,15 @@ command ends. ``holders``, ``release`` and ``ping`` are for operators.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import re
 import secrets
-import signal
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from ._cli_child import Child
 from ._durations import parse_duration
 from ._errors import EngineError, QueenError
 from ._singleton import LOST_EXIT_CODE, _utc, describe_holders
@@ -33,7 +30,6 @@ if TYPE_CHECKING:
 EX_BUSY = 75  # EX_TEMPFAIL: somebody else holds it, try again later
 EX_UNAVAILABLE = 69  # EX_UNAVAILABLE: the engine could not be reached
 EX_NOT_RELEASED = 1
-FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
 _EPILOG = """\
 examples:
@@ -63,7 +59,10 @@ token when it started: hand it to sinks that refuse older tokens) and
 QUEEN_LOCK_SLOT. It runs in its own process group; SIGINT, SIGTERM, SIGHUP and
 SIGQUIT sent to queen-sync are forwarded to it; after a forwarded SIGTERM or SIGINT
 the group gets SIGKILL if it is still running --grace later. When the lease is lost
-the group gets SIGTERM, then SIGKILL after --grace.
+the group gets SIGTERM, then SIGKILL after --grace. If queen-sync itself is killed
+(kill -9, the OOM killer), the group gets SIGKILL at once. If it is stopped (SIGSTOP,
+Ctrl-Z) the command runs on unrenewed; once continued past the TTL it stops the command
+and exits 76. A failed final release only warns: the lease expires within its TTL.
 
 exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
 is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease
@@ -179,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _OneLine(logging.Formatter):
+    """Log lines for an operator's terminal: an error's own message, never a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"queen-sync: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            line += f" ({record.exc_info[1]})"
+        return line
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the process exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -195,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("run needs the command after --, e.g. "
                      "queen-sync run daily-report --ttl 1m -- python job.py")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("queen-sync: %(message)s"))
+    handler.setFormatter(_OneLine())
     logger = logging.getLogger("queen_sync")
     logger.addHandler(handler)
     try:
@@ -240,95 +249,20 @@ def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: b
                          "holders": [_holder_json(args.name, h) for h in lock.holders]})
         return int(args.busy_exit_code)
     try:
-        return _Child(lock, command, args.grace).run()
+        return Child(lock, command, args.grace).run()
     finally:
+        _final_release(lock)
+
+
+def _final_release(lock: Lock) -> None:
+    """Give the lease back; a failure warns and never replaces the command's exit code."""
+    try:
         lock.release()
-
-
-class _Child:
-    """The command under the lease: forwarded signals, and stopped when the lease is lost."""
-
-    def __init__(self, lock: Lock, command: list[str], grace: float) -> None:
-        self.lock = lock
-        self.command = command
-        self.grace = grace
-        self.process: Optional[subprocess.Popen[bytes]] = None
-        self.kill_at: Optional[float] = None  # monotonic; set by the first SIGTERM or SIGINT
-
-    def environment(self) -> dict[str, str]:
-        lock = self.lock
-        return dict(os.environ, QUEEN_LOCK_NAME=lock.name, QUEEN_LOCK_OWNER=lock.owner,
-                    QUEEN_LOCK_TOKEN=str(lock.token), QUEEN_LOCK_SLOT=str(lock.slot))
-
-    def run(self) -> int:
-        try:
-            # Its own session and group: a lost lease stops the whole tree, and a
-            # signal to queen-sync reaches the command exactly once (forwarded).
-            self.process = subprocess.Popen(self.command, env=self.environment(),
-                                            start_new_session=True)
-        except FileNotFoundError:
-            print(f"queen-sync: command not found: {self.command[0]}", file=sys.stderr)
-            return 127
-        except PermissionError:
-            print(f"queen-sync: cannot execute: {self.command[0]}", file=sys.stderr)
-            return 126
-        previous = {sig: signal.signal(sig, self._forward) for sig in _signals()}
-        try:
-            return self._watch(self.process)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _forward(self, signum: int, frame: Any) -> None:
-        self._signal_group(signum)
-        if signum in _STOPPING and self.kill_at is None:
-            self.kill_at = time.monotonic() + self.grace
-
-    def _signal_group(self, signum: int) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signum)
-
-    def _watch(self, process: subprocess.Popen[bytes]) -> int:
-        while True:
-            try:
-                return _shell_code(process.wait(timeout=0.05))
-            except subprocess.TimeoutExpired:
-                pass
-            if self.lock.lost.is_set() or not self.lock.held:
-                return self._stop(process)
-            if self.kill_at is not None and time.monotonic() >= self.kill_at:
-                print(f"queen-sync: the command outlived the {self.grace:g}s grace after being "
-                      "asked to stop; sending SIGKILL", file=sys.stderr)
-                self._signal_group(signal.SIGKILL)
-                self.kill_at = None  # once; then wait for it as for any exit
-
-    def _stop(self, process: subprocess.Popen[bytes]) -> int:
-        reason = self.lock.lost_reason or "expired"
-        print(f"queen-sync: the lease on {self.lock.name!r} was lost ({reason}); stopping the "
-              f"command (SIGTERM, SIGKILL after {self.grace:g}s)", file=sys.stderr)
-        self._signal_group(signal.SIGTERM)
-        try:
-            process.wait(timeout=self.grace)
-        except subprocess.TimeoutExpired:
-            self._signal_group(signal.SIGKILL)
-            process.wait()
-        return LOST_EXIT_CODE
-
-
-# Forwarded signals that ask the command to stop: it gets --grace to do so before SIGKILL.
-# SIGHUP and SIGQUIT are only forwarded (daemons often take SIGHUP as "reload").
-_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
-
-
-def _signals() -> list[signal.Signals]:
-    return [getattr(signal, name) for name in FORWARDED if hasattr(signal, name)]
-
-
-def _shell_code(returncode: int) -> int:
-    """A child's exit status as a shell reports it: 128+N when killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
+    except EngineError as exc:
+        # The command has run; turning its status into "engine unavailable" would make a
+        # scheduler retry finished work. The lease ends on its own at its TTL anyway.
+        print(f"queen-sync: warning: could not release the lease on {lock.name!r} ({exc}); "
+              f"it will expire by itself within its {lock.ttl:g}s TTL", file=sys.stderr)
 
 
 # ---- holders, release, ping -----------------------------------------------------------------

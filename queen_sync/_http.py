@@ -20,6 +20,16 @@ What it resends, and why that cannot apply a call twice:
 
 A connection failure or a 502/503/504 moves on to the next broker of the list.
 The bearer token is kept out of every log line, ``repr`` and error message.
+
+How long a call can take: ``timeout`` is each request's ``(connect, read)`` socket
+timeout; ``call_timeout`` (default: the larger of the two, so ``timeout=2`` bounds a
+call by 2 s) is the budget of the WHOLE call, every resend, backoff and
+``Retry-After`` wait included. Each request's socket timeouts are cut to what is left
+of it, a wait that would outlast it is not made, and when it is spent the last
+failure surfaces (a stalled broker: ``EngineUnavailableError``). A resend after a
+stalled request therefore needs ``call_timeout`` above the read timeout. The one
+case the budget cannot cut short is a broker that keeps trickling bytes, each
+sooner than the socket timeout; the handles signal loss at their deadline anyway.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 import requests
+from urllib3.util import Timeout as SocketTimeouts
 
 from ._engine import Capabilities, Engine
 from ._errors import QueenError, QueenHttpError, RequestError
@@ -47,6 +58,7 @@ DEFAULT_TIMEOUT = (5.0, 15.0)
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
 _MAX_RETRY_AFTER = 10.0
 _MAX_BACKOFF = 1.0
+_MIN_ATTEMPT = 0.01  # seconds: less than this left of a call's budget is not worth a request
 _READ_ONLY_KV = KV_READ_OPS | {"check"}
 
 Timeout = Union[float, tuple[float, float], None]
@@ -112,6 +124,17 @@ def parse_timeout(timeout: Any) -> tuple[float, float]:
     return float(pair[0]), float(pair[1])
 
 
+def parse_call_timeout(call_timeout: Any, timeout: tuple[float, float]) -> float:
+    """The budget of one whole call: ``call_timeout`` seconds, else the larger socket timeout."""
+    if call_timeout is None:
+        return max(timeout)
+    if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
+        raise TypeError(f"call_timeout must be seconds, got {call_timeout!r}")
+    if not 0 < call_timeout < float("inf"):
+        raise ValueError(f"call_timeout must be positive seconds, got {call_timeout!r}")
+    return float(call_timeout)
+
+
 def _check_header(name: Any, value: Any) -> None:
     if not isinstance(name, str) or not isinstance(value, str):
         raise TypeError("headers must map str to str")
@@ -163,13 +186,23 @@ def resendable(route: str, body: Mapping[str, Any]) -> bool:
 
 
 class HttpEngine(Engine):
-    """The Queen broker (or several, with failover) over ``requests``."""
+    """The Queen broker (or several, with failover) over ``requests``.
+
+    Args:
+        timeout: each request's socket timeouts: seconds, or ``(connect, read)``
+            (default ``(5, 15)``).
+        call_timeout: the budget of one whole call, resends and waits included
+            (default: the larger socket timeout); see the module docs.
+        retries: resends after the first request, within ``call_timeout``.
+        backoff: the first wait between resends to one broker (doubling, jittered).
+    """
 
     kind = "http"
     capabilities = Capabilities(queue_operations=True, multi_host=True, wake_on_release=False)
 
     def __init__(self, bases: Sequence[str], *, bearer_token: Optional[str] = None,
-                 timeout: Timeout = None, headers: Optional[Mapping[str, str]] = None,
+                 timeout: Timeout = None, call_timeout: Optional[float] = None,
+                 headers: Optional[Mapping[str, str]] = None,
                  verify: Union[bool, str] = True, retries: int = 3,
                  backoff: float = 0.05) -> None:
         self._bases = [_base(b) for b in bases]
@@ -178,6 +211,7 @@ class HttpEngine(Engine):
         self._token = _check_token(bearer_token if bearer_token is not None
                                    else os.environ.get("QUEEN_TOKEN"))
         self._timeout = parse_timeout(timeout)
+        self._call_timeout = parse_call_timeout(call_timeout, self._timeout)
         self._headers = dict(headers or {})
         for name, value in self._headers.items():
             _check_header(name, value)
@@ -229,13 +263,14 @@ class HttpEngine(Engine):
             raise RequestError(f"unknown route {route!r}", code="bad_request")
         payload = encode_body(route, body)
         safe = resendable(route, body)
+        deadline = time.monotonic() + self._call_timeout
         failure: Optional[QueenError] = None
         for attempt in range(self._attempts):
             if failure is not None:
-                self._pause(attempt, failure)
+                self._pause(attempt, failure, deadline)
             base = self._bases[self._current]
             try:
-                response = self._post(base, path, payload)
+                response = self._post(base, path, payload, deadline)
             except requests.exceptions.RequestException as exc:
                 failure = transport_error(route, base, exc)
                 if isinstance(exc, requests.exceptions.SSLError):
@@ -258,10 +293,17 @@ class HttpEngine(Engine):
         assert failure is not None
         raise failure
 
-    def _post(self, base: str, path: str, payload: bytes) -> requests.Response:
+    def _post(self, base: str, path: str, payload: bytes, deadline: float
+              ) -> requests.Response:
         with self._count_lock:
             self.requests_sent += 1
-        return self._session.post(base + path, data=payload, timeout=self._timeout,
+        # ``total`` makes the read wait only what the connect left of the budget.
+        left = max(_MIN_ATTEMPT, deadline - time.monotonic())
+        timeouts = SocketTimeouts(connect=min(self._timeout[0], left),
+                                  read=min(self._timeout[1], left), total=left)
+        # requests hands a urllib3 Timeout through as it is; its stubs list only numbers.
+        return self._session.post(base + path, data=payload,
+                                  timeout=timeouts,  # type: ignore[arg-type]
                                   proxies=self._proxies[base], allow_redirects=False)
 
     def _fail_over(self, base: str) -> None:
@@ -269,18 +311,25 @@ class HttpEngine(Engine):
             self._current = (self._current + 1) % len(self._bases)
             log.info("broker %s failed; next: %s", base, self._bases[self._current])
 
-    def _pause(self, attempt: int, failure: QueenError) -> None:
-        """Wait before resending: the broker's ``Retry-After``, else a jittered backoff."""
+    def _pause(self, attempt: int, failure: QueenError, deadline: float) -> None:
+        """Wait before resending: the broker's ``Retry-After``, else a jittered backoff.
+
+        Raises ``failure`` instead when the wait would leave no time for the resend.
+        """
         told = failure.retry_after if isinstance(failure, QueenHttpError) else None
+        if told is not None and told > _MAX_RETRY_AFTER:
+            raise failure
         if told is not None:
-            if told > _MAX_RETRY_AFTER:
-                raise failure
-            time.sleep(told)
-            return
-        if attempt < len(self._bases):
-            return  # a broker not tried yet in this call: go at once
-        time.sleep(min(_MAX_BACKOFF, self._backoff * 2 ** (attempt - 1))
-                   * (0.5 + random.random()))
+            wait = told
+        elif attempt < len(self._bases):
+            wait = 0.0  # a broker not tried yet in this call: go at once
+        else:
+            wait = (min(_MAX_BACKOFF, self._backoff * 2 ** (attempt - 1))
+                    * (0.5 + random.random()))
+        if deadline - time.monotonic() - wait < _MIN_ATTEMPT:
+            log.info("%s; the call's %gs budget is spent", failure, self._call_timeout)
+            raise failure
+        time.sleep(wait)
 
     def after_fork(self) -> None:
         # The parent's pooled sockets are the parent's: a child opens its own.

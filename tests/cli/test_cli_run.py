@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from cli_helpers import (
@@ -17,6 +18,8 @@ from cli_helpers import (
     cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
 )
 from polling import wait_for
+
+from queen_sync.testing import LocalBroker
 
 LOST_EXIT = 76
 BUSY_EXIT = 75
@@ -220,3 +223,30 @@ class TestSignals:
         assert "grace" in err, f"stderr must say why the command was killed: {err!r}"
         assert 0.5 <= took < 0.5 + 5.0, f"SIGKILL must follow the 0.5s grace, not {took:.2f}s"
         assert cli.holders("etl") == [], "the lease must be released"
+
+
+@pytest.fixture
+def broker_cli(tmp_path: Path) -> Iterator[tuple[LocalBroker, Cli]]:
+    """``queen-sync`` processes on a LocalBroker in this process, whose faults a test sets."""
+    with LocalBroker(str(tmp_path / "broker.db")) as broker:
+        runner = Cli(broker.url)
+        yield broker, runner
+        runner.stop_all()
+
+
+class TestTheFinalRelease:
+    def test_a_failed_final_release_keeps_the_commands_exit_code_and_warns(
+            self, broker_cli: tuple[LocalBroker, Cli], tmp_path: Path) -> None:
+        broker, cli = broker_cli
+        go, report = tmp_path / "go", tmp_path / "env.json"
+        runner = cli.start("run", "etl", "--ttl", "30s", "--", *child_waiting_for(go, report))
+        wait_for(report.exists, what="the command to start")
+        broker.faults.fail_next(50, status=500, route="locks")  # every release from now on
+        go.touch()
+        _, err = runner.communicate(timeout=20)
+        broker.faults.clear()
+        assert runner.returncode == 0, (
+            f"the command succeeded, so run must exit 0, got {runner.returncode}: {err!r}")
+        assert "could not release" in err and "expire" in err, (
+            f"stderr must warn that the lease was not released and will expire: {err!r}")
+        assert "30s" in err, f"the warning must say within what time it expires: {err!r}"
