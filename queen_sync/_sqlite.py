@@ -7,6 +7,12 @@ expiry, deletion and reopening of the file. With ``synchronous=NORMAL`` (the
 default) a process crash loses nothing; an OS crash or power cut may lose the
 last commits, counter included: use ``?synchronous=full`` when a fence must
 survive that.
+
+This process never opens the file with its own descriptors once it may exist: POSIX
+drops every lock a process holds on a file when ANY descriptor of it is closed, those
+SQLite holds for other clients of the file included, and a neighbour that then finds
+no lock believes itself the last user and deletes the live WAL. A client remembers
+which file (device, inode) it opened and refuses to go on with another one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ._errors import (
     EngineError,
     EngineUnavailableError,
     RequestError,
+    StoreReplacedError,
     UnsupportedOperationError,
 )
 from ._semantics import EmbeddedSemantics
@@ -58,8 +65,18 @@ CREATE TABLE IF NOT EXISTS queen_meta (name TEXT PRIMARY KEY, value INTEGER NOT 
 INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
 """
 
+_SCHEMA_OBJECTS = ("queen_kv", "queen_kv_expiry", "queen_meta")
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 512
+
+# Held while this process creates a database file or opens a connection, so a new file's
+# creating descriptor is closed before any connection of this process can lock that file.
+_OPENING = threading.Lock()
+
+
+def _identity(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
 
 
 def _row(record: Sequence[Any]) -> Row:
@@ -134,7 +151,8 @@ class SqliteStorage:
         self._clock = clock
         self._mutex = threading.Lock()
         self._calls = 0
-        self._conn = self._connect()
+        self._identity: Optional[tuple[int, int]] = None
+        self._conn: Optional[sqlite3.Connection] = self._connect()
         self.wake = WakeChannel(os.path.realpath(path)) if WakeChannel.supported else None
         _LIVE.add(self)
 
@@ -146,12 +164,16 @@ class SqliteStorage:
         with _translated(self.path):
             while True:
                 try:
-                    return self._open()
+                    with _OPENING:
+                        conn = self._open()
+                    break
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) or time.monotonic() + delay > deadline:
                         raise
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
+        self._remember_identity(conn)
+        return conn
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
@@ -159,17 +181,44 @@ class SqliteStorage:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
-            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            # A write transaction would queue behind every other process's writes; a client
+            # opening a file already set up (a forked child, say) needs none.
+            if not _has_schema(conn):
+                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback(conn)
             conn.close()
             raise
         return conn
 
+    def _remember_identity(self, conn: sqlite3.Connection) -> None:
+        """Note which file was opened; a reopening (after a fork) must find the same one."""
+        try:
+            self._check_identity()
+        except BaseException:
+            conn.close()
+            raise
+
+    def _check_identity(self) -> None:
+        try:
+            now = _identity(self.path)
+        except FileNotFoundError:
+            now = None
+        except OSError as exc:
+            raise EngineUnavailableError(f"cannot stat SQLite database {self.path}: {exc}") from exc
+        if now is not None and self._identity in (None, now):
+            self._identity = now
+            return
+        how = "deleted" if now is None else "replaced by another file"
+        raise StoreReplacedError(
+            f"SQLite database {self.path} was {how} while this client used it: its leases "
+            "cannot be kept, and a new client would start a new store", path=self.path)
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_SqliteTxn]:
         with self._mutex, _translated(self.path):
+            if self._conn is None:
+                self._conn = self._connect()
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -178,9 +227,10 @@ class SqliteStorage:
                 self._calls += 1
                 if self._calls % _SWEEP_EVERY == 0:
                     txn.sweep(txn.now_ms())
+                self._check_identity()  # a commit into an unlinked file would be seen by nobody
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     def notify_released(self, names: Sequence[str]) -> None:
@@ -190,16 +240,37 @@ class SqliteStorage:
     def after_fork(self) -> None:
         # Closing the parent's connection here could checkpoint or unlink the WAL under the
         # parent's feet (the child does not inherit its file locks), so keep it unclosed.
-        _ABANDONED.append(self._conn)
+        # The child connects at its first call: opening now could wait for another
+        # process's write inside os.fork() itself.
+        if self._conn is not None:
+            _ABANDONED.append(self._conn)
+        self._conn = None
         self._mutex = threading.Lock()
-        self._conn = self._connect()
 
     def close(self) -> None:
         _LIVE.discard(self)
         with self._mutex:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
         if self.wake is not None:
             self.wake.close()
+
+
+def _has_schema(conn: sqlite3.Connection) -> bool:
+    marks = ",".join("?" * len(_SCHEMA_OBJECTS))
+    (found,) = conn.execute(
+        f"SELECT count(*) FROM sqlite_master WHERE name IN ({marks})", _SCHEMA_OBJECTS
+    ).fetchone()
+    return int(found) == len(_SCHEMA_OBJECTS)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back what is still open, keeping the error that caused it the one reported."""
+    # SQLite rolls back by itself on some errors (a full disk); a second ROLLBACK would then
+    # fail and hide the cause. A rollback failing too leaves SQLite to undo it at next use.
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 _ABANDONED: list[sqlite3.Connection] = []
@@ -214,14 +285,17 @@ def _before_fork() -> None:
     for storage in list(_LIVE):
         storage._mutex.acquire()
         _HELD_ACROSS_FORK.append(storage)
+    _OPENING.acquire()  # last: a call in flight may be (re)connecting under its mutex
 
 
 def _after_fork_in_parent() -> None:
+    _OPENING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex.release()
 
 
 def _after_fork_in_child() -> None:
+    _OPENING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex = threading.Lock()
 
@@ -238,11 +312,25 @@ def _translated(path: str) -> Iterator[None]:
         yield
     except sqlite3.OperationalError as exc:
         text = str(exc)
+        if _is_full(exc):
+            raise EngineError(f"SQLite database {path} cannot grow: {text}; nothing of this "
+                              "call was written (free disk space, or raise max_page_count)"
+                              ) from exc
         if "locked" in text or "busy" in text:
             raise EngineUnavailableError(f"SQLite database {path} stayed locked: {text}") from exc
         raise EngineUnavailableError(f"SQLite database {path} is unusable: {text}") from exc
     except sqlite3.DatabaseError as exc:
         raise EngineError(f"SQLite database {path} failed: {exc}") from exc
+
+
+_SQLITE_FULL = 13  # SQLite's primary result code; ``sqlite3`` names it from Python 3.11 only
+
+
+def _is_full(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # set from Python 3.11
+    if isinstance(code, int):
+        return code & 0xFF == _SQLITE_FULL
+    return "database or disk is full" in str(exc)
 
 
 def filesystem_type(path: str, mounts_file: str = "/proc/self/mounts") -> Optional[str]:
@@ -281,8 +369,10 @@ def _prepare_file(path: str) -> None:
         if not os.path.isdir(folder):
             os.makedirs(folder, mode=0o700, exist_ok=True)
         refuse_network_filesystem(path, filesystem_type(folder))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.close(fd)
+        # Only a file that does not exist yet is opened: no client of this process can hold
+        # locks on it, so closing the descriptor drops none.
+        with _OPENING, contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise EngineUnavailableError(f"cannot open SQLite database {path}: {exc}") from exc
 

@@ -4,17 +4,27 @@ A waiter binds a Unix datagram socket in a folder private to this user and
 database; a process that frees a permit sends one byte to every socket bound for
 that lock name. That turns a hand-off into a wake-up instead of a poll period,
 while waiters still time out and retry, so a lost datagram only costs latency.
+
+The folder lies under a directory other users may write to (the temp directory,
+when cron leaves ``XDG_RUNTIME_DIR`` unset), so every folder on its path is checked
+before use: ours, not a symlink, writable by nobody else. A folder that fails, or a
+path too long for a socket, turns waiting into plain polling: slower, never broken.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import socket
+import stat
 import tempfile
-from typing import Iterator, Optional, Sequence
+import time
+from typing import Iterator, Optional, Sequence, Union
+
+log = logging.getLogger("queen_sync")
 
 
 def _digest(text: str) -> str:
@@ -38,35 +48,103 @@ class _SocketWaiter:
         return True
 
 
+class _PollingWaiter:
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
+        return False
+
+
+class _UnsafeFolderError(OSError):
+    """A folder on the wake-up path could be changed by another user."""
+
+
+def _check_base(path: str) -> None:
+    """Every folder from ``/`` to ``path``: root's or ours, and if others may write, sticky."""
+    here = os.path.realpath(path)
+    while True:
+        info = os.stat(here)
+        shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if info.st_uid not in (0, os.getuid()) or (shared and not info.st_mode & stat.S_ISVTX):
+            raise _UnsafeFolderError(f"{here} may be changed by another user")
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
+def _private_folder(path: str, *, create: bool) -> None:
+    """Refuse ``path`` unless it is a folder of ours alone; make it (0700) first if asked."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        raise _UnsafeFolderError(f"{path} is not a folder private to this user")
+
+
 class WakeChannel:
     """Wake-ups keyed by lock name among the processes sharing one database file."""
 
     supported = hasattr(socket, "AF_UNIX")
 
     def __init__(self, db_path: str) -> None:
-        base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        self.folder = os.path.join(base, f"queen_sync-{os.getuid()}", _digest(db_path))
+        self._base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        self._user_folder = os.path.join(self._base, f"queen_sync-{os.getuid()}")
+        self.folder = os.path.join(self._user_folder, _digest(db_path))
         self._sender: Optional[socket.socket] = None
         self._sender_pid = 0
+        self._warned = False
+
+    def _usable(self, *, create: bool) -> bool:
+        """Whether every folder on the way to ``folder`` is safe (made first when ``create``)."""
+        try:
+            _check_base(self._base)
+            for path in (self._user_folder, self.folder):
+                _private_folder(path, create=create)
+        except FileNotFoundError:
+            if create:
+                self._fall_back("the wake-up folder vanished while it was made")
+            return False  # when only notifying: nobody has waited on this database yet
+        except OSError as exc:
+            self._fall_back(str(exc))
+            return False
+        return True
+
+    def _fall_back(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("queen_sync: waiters on %s are not woken on release, they poll: %s",
+                        self.folder, why)
 
     @contextlib.contextmanager
-    def subscribe(self, name: str) -> Iterator[_SocketWaiter]:
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+    def subscribe(self, name: str) -> Iterator[Union[_SocketWaiter, _PollingWaiter]]:
+        if not self._usable(create=True):
+            yield _PollingWaiter()
+            return
         path = os.path.join(self.folder, f"{_digest(name)}.{os.getpid()}.{secrets.token_hex(4)}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            sock.bind(path)
-            yield _SocketWaiter(sock)
+            try:
+                sock.bind(path)
+            except OSError as exc:  # e.g. a path longer than a socket address can hold
+                self._fall_back(str(exc))
+                waiter: Union[_SocketWaiter, _PollingWaiter] = _PollingWaiter()
+            else:
+                waiter = _SocketWaiter(sock)
+            yield waiter
         finally:
             sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
     def notify(self, names: Sequence[str]) -> None:
+        if not self._usable(create=False):
+            return  # nobody has waited on this database yet, or the folder is not ours alone
         try:
             entries = list(os.scandir(self.folder))
         except OSError:
-            return  # nobody has ever waited on this database
+            return
         prefixes = tuple(f"{_digest(n)}." for n in names)
         for entry in entries:
             if entry.name.startswith(prefixes):

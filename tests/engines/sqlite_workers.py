@@ -1,0 +1,111 @@
+"""Other processes on one SQLite file, run as ``python sqlite_workers.py COMMAND ARGS...``.
+
+Each command does one thing another process on the machine would do, prints one JSON
+line, and exits, so the test process judges everything. Run as a script (not through
+multiprocessing) so nothing of the test process, its file locks included, is inherited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Any
+
+import queen_sync as qs
+
+
+def acquire(url: str, name: str) -> dict[str, Any]:
+    """Try ``name`` once; report whether it was taken, the token, and the holders' tokens."""
+    with qs.Queen(url) as q:
+        lock = q.lock(name, ttl=30)
+        taken = lock.acquire()
+        return {"acquired": taken, "token": lock.token,
+                "holder_tokens": [h["token"] for h in q.locks.get(name)["holders"]]}
+
+
+def touch(path: str) -> dict[str, Any]:
+    """Open the file with plain ``sqlite3``, read, and close, as any tool on the file would."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("SELECT count(*) FROM queen_kv").fetchone()
+    finally:
+        conn.close()
+    return {"touched": True}
+
+
+def write_for(path: str, seconds: str) -> dict[str, Any]:
+    """Hold the file's write lock for ``seconds``; print once it is held, again at the end."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    print(json.dumps({"writing": True}), flush=True)
+    time.sleep(float(seconds))
+    conn.execute("COMMIT")
+    conn.close()
+    return {"wrote": True}
+
+
+def fork_during_write(url: str, path: str) -> dict[str, Any]:
+    """Fork while another process holds the write lock; report how the child fared.
+
+    The child measures how long ``os.fork()`` took to return to it (the after-fork
+    handlers run inside it), then makes one call, which may wait for the writer.
+    """
+    q = qs.Queen(url)
+    assert q.kv.put("app", "before", 1, forever=True)
+    writer = subprocess.Popen([sys.executable, __file__, "write_for", path, "2.5"],
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and "writing" in writer.stdout.readline()
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        report: dict[str, Any] = {"fork_seconds": time.monotonic() - started}
+        report["first_call"] = bool(q.kv.put("app", "child", 1, forever=True))
+        report["first_call_done_after"] = time.monotonic() - started
+        with os.fdopen(write_end, "w") as pipe:
+            pipe.write(json.dumps(report))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child: dict[str, Any] = json.loads(pipe.read() or "{}")
+    os.waitpid(pid, 0)
+    writer.wait(10)
+    child["written"] = bool(q.kv.get("app", "child"))
+    q.close()
+    return child
+
+
+def fork_after_replace(url: str, path: str, other: str) -> dict[str, Any]:
+    """Rename ``other`` over the open store, then fork: what the child's first call raises."""
+    q = qs.Queen(url)
+    assert q.kv.put("app", "k", "original", forever=True)
+    os.rename(other, path)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            q.kv.get("app", "k")
+            raised = None
+        except Exception as exc:  # the report names whatever the first call raised
+            raised = type(exc).__name__
+        with os.fdopen(write_end, "w") as pipe:
+            pipe.write(json.dumps({"child_raised": raised}))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child: dict[str, Any] = json.loads(pipe.read() or "{}")
+    os.waitpid(pid, 0)
+    return child
+
+
+COMMANDS = {"acquire": acquire, "fork_after_replace": fork_after_replace,
+            "fork_during_write": fork_during_write, "touch": touch, "write_for": write_for}
+
+if __name__ == "__main__":
+    print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])), flush=True)
