@@ -9,6 +9,11 @@ from typing import Any, Optional, Union
 
 Duration = Union[int, float, timedelta, str]
 
+# The longest lifetime any lease or key may have. Far longer and it overflows somewhere
+# (SQLite's 64-bit milliseconds, the renewer's waits at a third of it, datetime's year
+# 9999); ten years is inside every engine's range, so it is refused here instead.
+MAX_TTL_SECONDS = 10 * 365 * 86400
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -23,7 +28,7 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     if isinstance(value, bool):
         raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not a bool")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = _as_float(value)
     elif isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, str):
@@ -34,6 +39,13 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a positive, finite duration, got {value!r}")
     return seconds
+
+
+def _as_float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float is simply too long
+        return math.inf
 
 
 def _parse_text(text: str, what: str) -> float:
@@ -66,10 +78,22 @@ def wire_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds - 1e-9))
 
 
+def _at_most_max(seconds: float, what: str, given: Any) -> float:
+    if seconds > MAX_TTL_SECONDS:
+        raise ValueError(
+            f"{what} must be at most 10 years ({MAX_TTL_SECONDS} seconds), got {given!r}")
+    return seconds
+
+
 def lifetime(
     ttl: Optional[Duration], ttl_seconds: Optional[int], *, what: str = "ttl"
 ) -> float:
-    """Seconds of exactly one of ``ttl``/``ttl_seconds``; there is no default lifetime."""
+    """Seconds of exactly one of ``ttl``/``ttl_seconds``; there is no default lifetime.
+
+    Raises:
+        TypeError: for none or both of them, or a value of the wrong type.
+        ValueError: for a lifetime that is not positive or is longer than 10 years.
+    """
     if (ttl is None) == (ttl_seconds is None):
         raise TypeError(f"give exactly one of {what}= or {what}_seconds= (there is no default)")
     if ttl_seconds is not None:
@@ -77,9 +101,9 @@ def lifetime(
             raise TypeError(f"{what}_seconds must be an int, got {type(ttl_seconds).__name__}")
         if ttl_seconds <= 0:
             raise ValueError(f"{what}_seconds must be > 0, got {ttl_seconds}")
-        return float(ttl_seconds)
+        return float(_at_most_max(ttl_seconds, f"{what}_seconds", ttl_seconds))
     assert ttl is not None
-    return parse_duration(ttl, what=what)
+    return _at_most_max(parse_duration(ttl, what=what), what, ttl)
 
 
 def expiry_fields(
@@ -108,5 +132,5 @@ def expiry_fields(
         seconds = (until - datetime.now(timezone.utc)).total_seconds()
         if seconds <= 0:
             raise ValueError(f"until must be in the future, got {until.isoformat()}")
-        return {"ttlSeconds": wire_seconds(seconds)}
+        return {"ttlSeconds": wire_seconds(_at_most_max(seconds, "until", until.isoformat()))}
     return {"ttlSeconds": wire_seconds(lifetime(ttl, ttl_seconds))}

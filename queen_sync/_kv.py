@@ -68,7 +68,14 @@ class Kv:
         return self._client._call_kv([op])[0]
 
     def batch(self, ops: Sequence[dict[str, Any]]) -> list[Result]:
-        """Send several ops in one call; each answers on its own (nothing all-or-nothing)."""
+        """Send several ops in one call; one answer per op, in order, each with its ``index``.
+
+        Ops answer on their own, except that a ``required=True`` write that does not apply
+        cancels the whole batch: nothing of it is written, and the ops after it are not
+        run. Its answer keeps its own verdict (``reason``, ``version``, ``value``) plus
+        ``failedIndex``; every other op answers ``{"index": i, "applied": False,
+        "reason": "rolled_back", "failedIndex": k}``.
+        """
         return self._client._call_kv(list(ops))
 
     def get(self, ns: str, key: str) -> Result:

@@ -10,15 +10,21 @@ Names and keys:
 - owner: 1..256 UTF-8 bytes, no control characters;
 - namespace: 1..128 characters of ``A-Z a-z 0-9 . _ : -``, starting with a letter or digit;
 - key: 1..1024 UTF-8 bytes, no control characters.
+
+Values are JSON nested at most ``MAX_VALUE_DEPTH`` levels deep: every engine stores
+and reads that back, while Python's own JSON codec fails somewhere short of a
+thousand levels, and fails later, on the reading side, when the stack is deeper.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
+from ._durations import MAX_TTL_SECONDS
 from ._errors import RequestError
 
 LOCKS_NS = "queen-locks"
@@ -26,6 +32,7 @@ MAX_LIMIT = 1024
 MAX_KEYS = 1000
 MAX_PREFIX_LIMIT = 1000
 DEFAULT_PREFIX_LIMIT = 100
+MAX_VALUE_DEPTH = 100
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -91,8 +98,25 @@ def check_key(key: Any) -> str:
     return _text(key, "key", max_bytes=1024, error=_kv_error)
 
 
+def _nested_within(value: Any, levels: int) -> bool:
+    # Walked without recursion, so that a value too deep for Python's stack is refused
+    # with a clear error instead of a RecursionError.
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth >= levels:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
 def check_value(value: Any) -> Any:
-    """A JSON value; refused at the call if it cannot travel as JSON."""
+    """A JSON value; refused at the call if it cannot travel as JSON or is nested too deep."""
+    if not _nested_within(value, MAX_VALUE_DEPTH):
+        raise _kv_error(f"value is nested deeper than {MAX_VALUE_DEPTH} levels of lists and "
+                        "objects, which not every engine can read back")
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -102,7 +126,7 @@ def check_value(value: Any) -> Any:
 
 def _ttl_field(op: Mapping[str, Any], *, required: bool) -> None:
     if "ttlSeconds" in op:
-        check_int(op["ttlSeconds"], "ttlSeconds", low=1)
+        check_int(op["ttlSeconds"], "ttlSeconds", low=1, high=MAX_TTL_SECONDS)
     elif required:
         raise _lock_error(f"{op.get('op')} needs ttlSeconds (a whole number > 0)")
 
@@ -115,7 +139,7 @@ def _expiry(op: Mapping[str, Any]) -> None:
     if has_ttl == ("forever" in op):
         raise _kv_error(f"{op['op']} needs exactly one expiry: ttlSeconds or forever")
     if has_ttl:
-        check_int(op["ttlSeconds"], "ttlSeconds", low=1)
+        check_int(op["ttlSeconds"], "ttlSeconds", low=1, high=MAX_TTL_SECONDS)
 
 
 def _expect(op: Mapping[str, Any], *, mandatory: bool = False) -> None:
@@ -137,6 +161,9 @@ def _optional_bool(op: Mapping[str, Any], field: str) -> None:
 def _number(value: Any, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity: each engine would store or refuse them differently.
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
 
 
 def check_lock_op(op: Any) -> Mapping[str, Any]:

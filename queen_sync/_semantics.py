@@ -34,7 +34,9 @@ _CONFLICT_RETRIES = 5
 
 
 class _Rollback(Exception):
-    def __init__(self, answer: dict[str, Any]) -> None:
+    """Raised inside a step to undo all of it; ``answer`` is what the call answers instead."""
+
+    def __init__(self, answer: Any) -> None:
         super().__init__("transaction precondition lost")
         self.answer = answer
 
@@ -165,10 +167,29 @@ def _holders(permits: Sequence[tuple[int, Row]]) -> list[dict[str, Any]]:
     return [_holder(slot, row) for slot, row in permits]
 
 
+def _limit_of(row: Row) -> Optional[int]:
+    value = row.value
+    limit = value.get("limit") if isinstance(value, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def _refuse_other_limits(name: str, limit: int, permits: Sequence[tuple[int, Row]]) -> None:
+    # A lock and a semaphore on one name would each count only their own slots, so
+    # neither would exclude the other. Rows that record no limit predate the check.
+    for slot, row in permits:
+        held = _limit_of(row)
+        if held is not None and held != limit:
+            raise RequestError(
+                f"lock {name!r} is held with limit {held} (slot {slot}); an acquire with "
+                f"limit {limit} cannot share the name: use one limit per name",
+                code="lock_limit_mismatch")
+
+
 def _acquire(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     name, limit = op["name"], op.get("limit", 1)
     owner = op.get("owner") or mint_owner()
     permits = _permits(step, name)
+    _refuse_other_limits(name, limit, permits)
     for slot, row in permits:
         if _owner_of(row) == owner:
             return {"acquired": True, "slot": slot, "token": row.version, "owner": owner,
@@ -178,7 +199,7 @@ def _acquire(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     if free is None:
         return {"acquired": False, "reason": "held", "holders": _holders(permits)}
     token = step.txn.next_version()
-    step.write(Row(LOCKS_NS, permit_key(name, free), {"owner": owner}, token,
+    step.write(Row(LOCKS_NS, permit_key(name, free), {"owner": owner, "limit": limit}, token,
                    step.expires_at(op), step.now, step.now))
     return {"acquired": True, "slot": free, "token": token, "owner": owner,
             "guard": guard_op(name, free, token)}
@@ -211,7 +232,9 @@ def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 
 def _release(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     for _slot, row in _candidates(step, op):
-        if row.version == op["token"]:
+        # The token before the last renew releases too: that renew's answer may never
+        # have reached its owner, who would otherwise strand the permit until its TTL.
+        if op["token"] in (row.version, row.prev_version):
             step.delete(row.ns, row.key)
             return {"released": True}
     return {"released": False, "reason": "lost"}
@@ -360,7 +383,22 @@ _KV_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {
 
 
 def _kv_results(step: _Step, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{"index": i, **_KV_OPS[op["op"]](step, op)} for i, op in enumerate(ops)]
+    """A ``/kv`` batch: ops answer on their own, unless a ``required`` one does not apply.
+
+    Then nothing of the batch is written and the ops after it are not run; every
+    answer still lines up with its op, so a caller can tell which one failed.
+    """
+    results = []
+    for index, op in enumerate(ops):
+        result = {"index": index, **_KV_OPS[op["op"]](step, op)}
+        if op.get("required") and result.get("applied") is False:
+            raise _Rollback([
+                {**result, "failedIndex": index} if i == index else
+                {"index": i, "applied": False, "reason": "rolled_back", "failedIndex": index}
+                for i in range(len(ops))
+            ])
+        results.append(result)
+    return results
 
 
 def _transaction(step: _Step, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

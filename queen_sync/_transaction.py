@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import LockNotHeldError
 from ._kv import KvOpBuilders
+from ._lock import Lock
 from ._results import Result
 
 if TYPE_CHECKING:
     from ._client import Queen
-    from ._lock import Lock
 
 _GUARD_ATTEMPTS = 4
 
@@ -63,7 +63,15 @@ class Transaction:
         return self
 
     def guard(self, lock: Lock) -> Transaction:
-        """Commit only while ``lock`` is held by this handle at its current token."""
+        """Commit only while ``lock`` is held by this handle at its current token.
+
+        Raises:
+            TypeError: ``lock`` is not a lock or semaphore handle (a name is not enough:
+                the guard is this handle's token, read at commit).
+        """
+        if not isinstance(lock, Lock):
+            raise TypeError(f"guard takes a Lock (from q.lock() or q.semaphore()), "
+                            f"got {type(lock).__name__}")
         self._guards.append(lock)
         return self
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import queen_sync as qs
+from queen_sync._durations import MAX_TTL_SECONDS
+from queen_sync._ops import MAX_VALUE_DEPTH
+
+_NAMESPACES = itertools.count()
 
 
 class TestReads:
@@ -97,6 +105,82 @@ class TestConditionalWrites:
         assert lock["token"] < put["version"] < again["token"], (lock, put, again)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def _store_of(q: qs.Queen, ns: str) -> list[tuple[str, Any, int]]:
+    return [(r["key"], r["value"], r["version"]) for r in q.kv.list_all(ns, "k")]
+
+
+def _write_op(q: qs.Queen, ns: str, kind: str, key: str, n: int) -> dict[str, Any]:
+    op = q.kv.op
+    if kind == "put":
+        return op.put(ns, key, n, forever=True)
+    if kind == "putIfAbsent":
+        return op.put_if_absent(ns, key, n, forever=True)
+    if kind == "incr":
+        return op.incr(ns, key, delta=n, forever=True)
+    if kind == "delete":
+        return op.delete(ns, key)
+    return op.get(ns, key)
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["put", "putIfAbsent", "incr", "delete", "get"]),
+                          st.sampled_from(["k0", "k1", "k2"]), st.integers(-5, 5)),
+                max_size=5)
+
+
+class TestRequiredInBatches:
+    def test_a_required_op_that_loses_writes_nothing_of_its_batch(self, q: qs.Queen) -> None:
+        op = q.kv.op
+        q.kv.put("app", "taken", "x", forever=True)
+        answers = q.kv.batch([op.put("app", "a", 1, forever=True),
+                              op.put_if_absent("app", "taken", "y", forever=True, required=True),
+                              op.put("app", "b", 2, forever=True)])
+        assert not q.kv.get("app", "a") and not q.kv.get("app", "b"), (
+            f"a batch whose required op lost must write nothing: {answers}")
+        assert q.kv.get("app", "taken")["value"] == "x", "the losing op changed its key"
+        failed = answers[1]
+        assert not failed and failed["reason"] == "exists" and failed["value"] == "x", failed
+        assert failed["failedIndex"] == 1 and failed["version"] > 0, failed
+        for i in (0, 2):
+            assert answers[i] == {"index": i, "applied": False, "reason": "rolled_back",
+                                  "failedIndex": 1}, answers
+
+    def test_a_required_op_that_applies_lets_the_batch_apply(self, q: qs.Queen) -> None:
+        op = q.kv.op
+        answers = q.kv.batch([op.check("app", "a", expect=0, required=True),
+                              op.put("app", "a", 1, forever=True)])
+        assert all(answers) and "failedIndex" not in answers[1], answers
+        assert q.kv.get("app", "a")["value"] == 1, "the gated write must land"
+
+    @settings(max_examples=25, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(before=_OPS, after=_OPS, seed=_OPS)
+    def test_random_batches_with_a_losing_required_op_never_change_the_store(
+        self, q: qs.Queen, before: list[tuple[str, str, int]],
+        after: list[tuple[str, str, int]], seed: list[tuple[str, str, int]],
+    ) -> None:
+        ns = f"prop{next(_NAMESPACES)}"
+        q.kv.batch([_write_op(q, ns, *spec) for spec in seed] or [q.kv.op.get(ns, "k0")])
+        stored = _store_of(q, ns)
+        ops = [_write_op(q, ns, *spec) for spec in before]
+        ops.append(q.kv.op.check(ns, "k9", expect=10**9, required=True))
+        ops += [_write_op(q, ns, *spec) for spec in after]
+        answers = q.kv.batch(ops)
+        assert _store_of(q, ns) == stored, f"the batch changed the store: {ops} -> {answers}"
+        k = len(before)
+        assert [a["index"] for a in answers] == list(range(len(ops))), answers
+        assert answers[k]["reason"] == "absent" and answers[k]["failedIndex"] == k, answers
+        others = [a for i, a in enumerate(answers) if i != k]
+        assert all(a["reason"] == "rolled_back" and a["failedIndex"] == k for a in others), (
+            answers)
+
+
 class TestIncr:
     def test_incr_creates_then_adds(self, q: qs.Queen) -> None:
         assert q.kv.incr("app", "n", delta=5, forever=True)["value"] == 5
@@ -127,6 +211,14 @@ class TestIncr:
 
 
 class TestExpiry:
+    def test_the_longest_lifetime_is_stored_and_read_back(self, q: qs.Queen) -> None:
+        put = q.kv.put("app", "k", 1, ttl_seconds=MAX_TTL_SECONDS)
+        got = q.kv.get("app", "k")
+        assert put and got["expiresAt"] - got["updatedAt"] == MAX_TTL_SECONDS * 1000, got
+        lock = q.locks.acquire("job", ttl_seconds=MAX_TTL_SECONDS)
+        assert lock and q.locks.get("job")["holders"][0]["token"] == lock["token"], lock
+        assert q.locks.renew("job", token=lock["token"], ttl_seconds=MAX_TTL_SECONDS)
+
     def test_expired_keys_are_absent_before_any_sweep(self, q: qs.Queen) -> None:
         q.kv.put("app", "k", "old", ttl_seconds=1)
         q.kv.put("app", "s", "text", ttl_seconds=1)
@@ -164,6 +256,44 @@ class TestBadKvOps:
     def test_a_write_needs_exactly_one_valid_expiry(self, q: qs.Queen, expiry: dict) -> None:  # type: ignore[type-arg]
         with pytest.raises((TypeError, ValueError)):
             q.kv.put("app", "k", 1, **expiry)
+
+    def test_a_value_nested_to_the_limit_is_stored_and_read_back(self, q: qs.Queen) -> None:
+        value = _nested(MAX_VALUE_DEPTH)
+        assert q.kv.put("app", "deep", value, forever=True), "a value at the limit is stored"
+        assert q.kv.get("app", "deep")["value"] == value, "and reads back whole"
+        assert q.kv.get_many("app", ["deep"])["rows"][0]["value"] == value
+        assert q.transaction().kv.put("app", "deep2", value, forever=True).commit()
+        lost = q.kv.put_if_absent("app", "deep", 1, forever=True)
+        assert not lost and lost["value"] == value, "a losing write reports the deep value"
+
+    @pytest.mark.parametrize("depth", [MAX_VALUE_DEPTH + 1, 100_000])
+    def test_a_value_nested_past_the_limit_is_refused_before_any_io(self, q: qs.Queen,
+                                                                    depth: int) -> None:
+        sent: list[str] = []
+        real = q._engine.call
+        q._engine.call = lambda route, body: sent.append(route) or real(route, body)  # type: ignore[method-assign]
+        for write in (lambda v: q.kv.put("app", "deep", v, forever=True),
+                      lambda v: q.transaction().once("app", "deep", value=v, forever=True)):
+            with pytest.raises(qs.RequestError, match=f"deeper than {MAX_VALUE_DEPTH}") as caught:
+                write(_nested(depth))
+            assert caught.value.code == "kv_bad_request", repr(caught.value)
+        assert sent == [], f"a builder must refuse it before calling the engine: {sent}"
+        with pytest.raises(qs.RequestError, match=f"deeper than {MAX_VALUE_DEPTH}"):
+            q.kv.batch([{"op": "putIfAbsent", "ns": "app", "key": "deep", "value": _nested(depth),
+                         "forever": True}])
+        assert not q.kv.get("app", "deep"), "a raw op is refused before anything is written"
+
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+    @pytest.mark.parametrize("field", ["delta", "min", "max"])
+    def test_a_non_finite_number_in_incr_is_refused_at_the_call(self, q: qs.Queen, bad: float,
+                                                               field: str) -> None:
+        q.kv.incr("app", "n", delta=1, forever=True)
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            q.kv.incr("app", "n", forever=True, **{field: bad})
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            q.kv.batch([{"op": "incr", "ns": "app", "key": "n", "delta": 1, field: bad,
+                         "forever": True}])
+        assert q.kv.get("app", "n")["value"] == 1, "the counter is left as it was"
 
     def test_a_value_that_is_not_json_is_refused_at_the_call(self, q: qs.Queen) -> None:
         with pytest.raises(TypeError, match="JSON"):

@@ -9,6 +9,10 @@ import pytest
 
 import queen_sync as qs
 
+# What an engine's refusal of a call raises: the embedded engines raise RequestError; over
+# HTTP the broker's 400 answer arrives as QueenHttpError with the same code.
+REFUSED = (qs.RequestError, qs.QueenHttpError)
+
 
 def acquire(q: qs.Queen, name: str, owner: str, *, ttl_seconds: int = 30,
             limit: Optional[int] = None) -> qs.Result:
@@ -97,7 +101,8 @@ class TestRenew:
         stale = q.transaction()
         stale._ops.append(first["guard"])
         assert not stale.commit(), "a guard on the old token must fail"
-        assert not q.locks.release("job", token=first["token"]), "the old token releases nothing"
+        assert not q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="bob"), (
+            "the old token renews nothing for anyone but its owner")
         assert q.locks.get("job")["holders"][0]["token"] == renewed["token"]
 
     def test_a_renew_resent_with_the_previous_token_by_its_owner_renews(self, q: qs.Queen) -> None:
@@ -134,6 +139,36 @@ class TestRelease:
         assert not got and got["holders"] == [], got
         assert acquire(q, "job", "bob"), "a released lock is free"
 
+    def test_the_token_before_a_renew_whose_answer_was_lost_still_releases(
+        self, q: qs.Queen
+    ) -> None:
+        first = acquire(q, "job", "alice")
+        renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert renewed and renewed["token"] > first["token"], renewed
+        released = q.locks.release("job", token=first["token"])
+        assert released, f"the owner's previous token must release its permit: {released}"
+        assert not q.locks.get("job"), "the permit must be free at once, not at its TTL"
+
+    def test_a_token_older_than_the_previous_one_releases_nothing(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        second = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        third = q.locks.renew("job", token=second["token"], ttl_seconds=30, owner="alice")
+        stale = q.locks.release("job", token=first["token"])
+        assert not stale and stale["reason"] == "lost", stale
+        holders = q.locks.get("job")["holders"]
+        assert [h["token"] for h in holders] == [third["token"]], holders
+
+    def test_a_renew_resent_after_a_release_with_the_new_token_does_not_revive_it(
+        self, q: qs.Queen
+    ) -> None:
+        first = acquire(q, "job", "alice")
+        renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert q.locks.release("job", token=renewed["token"]), "the current token releases"
+        resent = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert not resent and resent["reason"] == "lost", resent
+        assert not q.locks.release("job", token=first["token"]), "nothing is left to release"
+        assert not q.locks.get("job"), "a released permit must stay released"
+
     def test_a_released_lock_never_readmits_a_stalled_holders_guarded_write(
         self, q: qs.Queen
     ) -> None:
@@ -166,7 +201,34 @@ class TestSemaphore:
         grant = acquire(q, "pool", "w0", limit=2)
         row = q.kv.get("queen-locks", "pool#0")
         assert row and row["version"] == grant["token"], row
-        assert row["value"] == {"owner": "w0"}, row
+        assert row["value"] == {"owner": "w0", "limit": 2}, row
+
+    @pytest.mark.parametrize(("held", "asked"), [(1, 3), (3, 1), (3, 2)])
+    def test_a_name_held_with_one_limit_refuses_an_acquire_with_another(
+        self, q: qs.Queen, held: int, asked: int
+    ) -> None:
+        first = acquire(q, "job", "alice", limit=held)
+        with pytest.raises(REFUSED) as caught:
+            acquire(q, "job", "bob", limit=asked)
+        error = caught.value
+        assert error.code == "lock_limit_mismatch", repr(error)
+        assert f"limit {held}" in str(error) and f"limit {asked}" in str(error), str(error)
+        holders = q.locks.get("job")["holders"]
+        assert [h["token"] for h in holders] == [first["token"]], f"nothing changed: {holders}"
+
+    def test_a_lock_handle_and_a_semaphore_handle_cannot_share_a_name(self, q: qs.Queen) -> None:
+        lock = q.lock("job", ttl=30)
+        assert lock.acquire()
+        with pytest.raises(REFUSED, match=r"limit 1.*limit 3"):
+            q.semaphore("job", 3, ttl=30).acquire()
+        assert lock.held and len(q.locks.get("job")["holders"]) == 1, "the lock stays alone"
+        lock.release()
+        assert q.semaphore("job", 3, ttl=30).acquire(), "a free name takes any limit"
+
+    def test_a_permit_row_that_records_no_limit_refuses_nobody(self, q: qs.Queen) -> None:
+        q.kv.put("queen-locks", "job#0", {"owner": "old"}, ttl_seconds=30)
+        grant = acquire(q, "job", "bob", limit=3)
+        assert grant and grant["slot"] == 1, grant
 
 
 class TestBadLockOps:

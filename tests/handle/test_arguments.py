@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 import queen_sync as qs
+from queen_sync._durations import MAX_TTL_SECONDS
 
 
 @pytest.fixture
@@ -63,6 +64,47 @@ class TestLifetimes:
         assert sent[0]["operations"][0]["ttlSeconds"] == 2, sent[0]
         assert lock.ttl == 1.2, "the local deadline keeps the exact, shorter lifetime"
 
+    @pytest.mark.parametrize("kwargs", [
+        {"ttl": 10**12}, {"ttl": float(MAX_TTL_SECONDS) + 0.5}, {"ttl": "3651d"},
+        {"ttl": timedelta(days=3651)}, {"ttl_seconds": MAX_TTL_SECONDS + 1},
+        {"ttl_seconds": 2**70},
+    ])
+    def test_a_lifetime_above_ten_years_is_refused_where_it_is_given(self, q: qs.Queen,
+                                                                     kwargs: Any) -> None:
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.lock("job", **kwargs)
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.semaphore("pool", 2, **kwargs)
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.locks.acquire("job", **kwargs)
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.kv.put("app", "k", 1, **kwargs)
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.kv.incr("app", "n", **kwargs)
+        assert not q.locks.get("job") and not q.kv.get("app", "k"), "nothing may be written"
+
+    def test_an_expiry_date_beyond_ten_years_is_refused(self, q: qs.Queen) -> None:
+        until = datetime.now(timezone.utc) + timedelta(days=3700)
+        with pytest.raises(ValueError, match="at most 10 years"):
+            q.kv.put("app", "k", 1, until=until)
+        assert not q.kv.get("app", "k"), "nothing may be written"
+
+    @pytest.mark.parametrize("op", [
+        {"op": "acquire", "name": "job", "ttlSeconds": MAX_TTL_SECONDS + 1},
+        {"op": "renew", "name": "job", "token": 1, "ttlSeconds": 10**17},
+    ])
+    def test_a_raw_lock_op_with_a_huge_lifetime_is_refused_before_sending(
+        self, q: qs.Queen, op: Any
+    ) -> None:
+        with pytest.raises(ValueError, match="ttlSeconds"):
+            q.locks.batch([op])
+        assert not q.locks.get("job"), "nothing may be acquired"
+
+    def test_a_raw_kv_op_with_a_huge_lifetime_is_refused_before_sending(self, q: qs.Queen) -> None:
+        with pytest.raises(ValueError, match="ttlSeconds"):
+            q.kv.batch([{"op": "put", "ns": "app", "key": "k", "value": 1, "ttlSeconds": 10**17}])
+        assert not q.kv.get("app", "k"), "nothing may be written"
+
     def test_renew_every_must_be_shorter_than_the_lifetime(self, q: qs.Queen) -> None:
         with pytest.raises(ValueError, match="renew_every"):
             q.lock("job", ttl=10, renew_every=10)
@@ -105,6 +147,15 @@ class TestNamesAndNumbers:
         with pytest.raises(ValueError):
             lock.acquire(wait="forever")
         assert not q.locks.get("job"), "nothing may be sent for a bad wait"
+
+    @pytest.mark.parametrize("thing", ["job", None, {"op": "check"}])
+    def test_a_transaction_guards_only_with_a_lock_handle(self, q: qs.Queen, thing: Any) -> None:
+        with pytest.raises(TypeError, match=f"guard takes a Lock .*got {type(thing).__name__}"):
+            q.transaction().guard(thing)
+
+    def test_a_semaphore_handle_is_a_lock_and_guards_a_transaction(self, q: qs.Queen) -> None:
+        with q.semaphore("pool", 2, ttl=30) as permit:
+            assert q.transaction().guard(permit).kv.put("out", "a", 1, forever=True).commit()
 
     def test_on_lost_takes_a_callable(self, q: qs.Queen) -> None:
         with pytest.raises(TypeError):
