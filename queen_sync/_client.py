@@ -221,7 +221,7 @@ class Queen:
                 continue
             try:
                 handler(reason)
-            except Exception:
+            except BaseException:  # even SystemExit: later handlers must still run
                 log.exception("an on_lost handler raised; other handlers and renewal go on")
 
     # ---- process life ------------------------------------------------------------------

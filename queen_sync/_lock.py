@@ -46,6 +46,15 @@ def current_lock() -> Optional[Lock]:
     return _current.get()
 
 
+def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:
+    """Restore ``current_lock()`` as it was before the block, even from another context."""
+    try:
+        _current.reset(token)
+    except ValueError:  # the block ends in a context other than the one it began in
+        old = token.old_value
+        _current.set(None if old is contextvars.Token.MISSING else old)
+
+
 def wait_seconds(wait: Optional[Duration]) -> float:
     """Seconds to wait; ``0``/``None`` means one attempt."""
     if wait is None or (not isinstance(wait, bool) and wait == 0):
@@ -58,6 +67,17 @@ class Lock:
 
     Creating it sends nothing. ``acquire`` takes a permit, a background renewer
     keeps it alive at a third of its lifetime, ``release`` gives it back.
+
+    Blocks (``with lock:`` and ``lock.run``) nest: in the thread inside them, a
+    block within a block sends nothing and the lease is released when the
+    OUTERMOST block exits. An explicit ``release()`` inside blocks releases at
+    once; the outer exits then have nothing left to release. A handle also
+    excludes the other threads of this process: while one thread is inside a
+    block, another thread's block entry waits for it within the handle's
+    ``wait``; with no wait it does not get in (``with`` raises
+    ``LockNotHeldError``, ``run`` returns ``acquired=False``). ``acquire()`` and
+    ``release()`` outside blocks take no part in this: ``acquire()`` on a held
+    handle returns True at once, from any thread.
 
     In a notebook, re-running a cell never waits on the kernel's own earlier
     handle: acquiring in an IPython cell first releases (with a warning) the
@@ -101,10 +121,14 @@ class Lock:
         self._sent_at = 0.0
         self._next_renew = float("inf")
         self._last_token: Optional[int] = None
+        self._unsure = False  # a renew call failed: it may have applied, minting a token unseen
         self.lost = threading.Event()
         self.lost_reason: Optional[str] = None
         self._handlers: list[Callable[[str], Any]] = getattr(self, "_handlers", [])
         self._holders: tuple[Holder, ...] = ()
+        # Blocks nest in one thread at a time (the owner), so these belong to that thread.
+        self._gate = threading.Condition(threading.Lock())
+        self._owner_thread: Optional[int] = None
         self._contexts: list[contextvars.Token[Optional[Lock]]] = []
         self._blocks = 0  # with/run blocks using this handle now (never superseded then)
         self._taken_in: Optional[int] = None  # thread that acquired it
@@ -210,6 +234,7 @@ class Lock:
         self._last_token = self._token
         self._sent_at = sent_at
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self._unsure = False
         self.lost.clear()  # the same Event object, so a caller's reference stays current
         self.lost_reason = None
         self._holders = ()
@@ -223,14 +248,20 @@ class Lock:
     def _abandon(self) -> None:
         """Give back whatever the engine granted this owner while the caller was interrupted."""
         try:
-            answer = self._client._call_locks([LockOps.get(self.name)])[0]
-            mine = [h for h in holders_from_wire(answer.get("holders")) if h.owner == self.owner]
-            if mine:
-                self._client._call_locks(
-                    [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
+            self._release_mine()
         except Exception:
             log.warning("could not give back lock %r after an interrupt; it expires by itself",
                         self.name, exc_info=True)
+
+    def _release_mine(self) -> bool:
+        """Release every permit of ``name`` whose owner is this handle's (owners are unique)."""
+        answer = self._client._call_locks([LockOps.get(self.name)])[0]
+        mine = [h for h in holders_from_wire(answer.get("holders")) if h.owner == self.owner]
+        if not mine:
+            return False
+        answers = self._client._call_locks(
+            [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
+        return any(a.get("released") for a in answers)
 
     # ---- renew -------------------------------------------------------------------------
 
@@ -241,8 +272,21 @@ class Lock:
             if op is None:
                 return False
             sent_at = self._clock().monotonic()
-            answer = self._client._call_locks([op])[0]
-            return self._renewed(answer, sent_at)
+            try:
+                answer = self._client._call_locks([op])[0]
+            except Exception:
+                self._unsure = True
+                raise
+            if self._renewed(answer, sent_at):
+                return True
+            if answer.get("renewed"):  # it came after the deadline: give that permit back
+                try:
+                    self._client._call_locks([LockOps.release(
+                        self.name, token=int(answer["token"]), slot=answer.get("slot"))])
+                except Exception:
+                    log.warning("could not give back lock %r renewed too late; it expires by "
+                                "itself", self.name, exc_info=True)
+            return False
 
     def _renew_op(self) -> Optional[dict[str, Any]]:
         if self._token is None:
@@ -251,23 +295,32 @@ class Lock:
                              slot=self._slot, owner=self.owner)
 
     def _renewed(self, answer: dict[str, Any], sent_at: float) -> bool:
-        """Apply a renew answer (the caller holds ``_io``)."""
-        if self._token is None:
-            return False
-        metrics = self._client.metrics
-        if answer.get("renewed"):
-            metrics.margin(self._deadline - sent_at)
-            metrics.count("renewed")
-            self._token, self._slot = int(answer["token"]), int(answer["slot"])
-            self._last_token = self._token
-            self._sent_at = sent_at
-            self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
-            return True
-        self._lose("renew")
+        """Apply a renew answer (the caller holds ``_io``); False when the lease is gone.
+
+        An answer that arrives after the local deadline never revives the lease: the
+        loss may already have been reported, and work stopped because of it.
+        """
+        with self._state:
+            live = self._token is not None and self._clock().monotonic() < self._deadline
+            if live and answer.get("renewed"):
+                self._apply_renew(answer, sent_at)
+                return True
+        self._lose("renew" if live else "expired")
         return False
+
+    def _apply_renew(self, answer: dict[str, Any], sent_at: float) -> None:
+        metrics = self._client.metrics
+        metrics.margin(self._deadline - sent_at)
+        metrics.count("renewed")
+        self._token, self._slot = int(answer["token"]), int(answer["slot"])
+        self._last_token = self._token
+        self._sent_at = sent_at
+        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self._unsure = False
 
     def _renew_failed(self, now: float) -> None:
         """A renew call got no answer: try again sooner, until the local deadline."""
+        self._unsure = True
         self._next_renew = now + min(self.renew_every, max(0.05, (self._deadline - now) / 4))
 
     # ---- release and loss --------------------------------------------------------------
@@ -275,20 +328,22 @@ class Lock:
     def release(self) -> bool:
         """Give the permit back (after any renew in flight).
 
+        While it waits for that renew the lease stays watched: reaching its deadline
+        first is a loss, reported on time.
+
         Returns:
             True when the engine gave it back; False when it was no longer held:
             never taken, lost, or (over HTTP) given back by a first attempt whose
             answer was lost before the resent one arrived.
         """
-        self._client.renewer.unregister(self)
         with self._io:
+            self._client.renewer.unregister(self)
             token, slot = self._token, self._slot
             if token is None:
                 return False
             self._token = None
             try:
-                answer = self._client._call_locks([LockOps.release(self.name, token=token,
-                                                                   slot=slot)])[0]
+                released = self._give_back(token, slot)
             except Exception:
                 # Not given back: keep holding (and renewing) so a retry can release it.
                 self._token = token
@@ -296,7 +351,14 @@ class Lock:
                 raise
         self._client.metrics.held(-1)
         self._client.metrics.count("released")
-        return bool(answer.get("released"))
+        return released
+
+    def _give_back(self, token: int, slot: Optional[int]) -> bool:
+        answer = self._client._call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
+        if answer.get("released"):
+            return True
+        # A renew whose answer was lost may have moved the row past the token known here.
+        return self._release_mine() if self._unsure else False
 
     def _lose(self, reason: str) -> None:
         """Mark the lease lost once, and run the ``on_lost`` handlers off this thread."""
@@ -356,33 +418,84 @@ class Lock:
                      token=self._token)
 
     def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> RunResult[T]:
-        """Acquire (with the handle's ``wait``), call ``fn``, release whatever happens."""
-        if not self.acquire():
+        """Acquire (with the handle's ``wait``), call ``fn``, release whatever happens.
+
+        Inside a block of this handle it nests (see the class docstring); while another
+        thread is inside one, it waits for it within ``wait`` or returns ``acquired=False``.
+        """
+        if self._enter_block() != "in":
             return RunResult(acquired=False, holders=self._holders)
-        context = _current.set(self)
-        self._blocks += 1
         try:
             value = fn(*args, **kwargs)
         finally:
-            self._blocks -= 1
-            _current.reset(context)
-            self.release()
+            self._exit_block()
         return RunResult(acquired=True, value=value)
 
     def __enter__(self) -> Lock:
-        if not self.acquire():
+        entry = self._enter_block()
+        if entry != "in":
+            if entry == "thread":
+                raise LockNotHeldError(
+                    f"lock {self.name!r}: this handle is in use by another thread of this "
+                    "process (give the handle a wait= to wait for it)", name=self.name)
             busy = "; ".join(h.describe() for h in self._holders) or "no holder reported"
             raise LockNotHeldError(f"could not acquire lock {self.name!r}: {busy}",
                                    name=self.name, holders=self._holders)
-        self._contexts.append(_current.set(self))
-        self._blocks += 1
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._contexts:
+        if self._owner_thread == threading.get_ident():
+            self._exit_block()
+        else:
+            self.release()  # an exit with no block of this thread: the caller's explicit intent
+
+    def _enter_block(self) -> str:
+        """Enter a with/run block: re-entrant in the owning thread, others wait their turn.
+
+        Returns:
+            ``"in"``; ``"thread"`` when another thread kept it past the wait; ``"busy"``
+            when the permit could not be taken.
+        """
+        started = time.monotonic()
+        me = threading.get_ident()
+        with self._gate:
+            nested = self._owner_thread == me
+            if not nested and not self._gate.wait_for(
+                    lambda: self._owner_thread is None, self._default_wait):
+                self._holders = ()
+                return "thread"
+            self._owner_thread = me
+            self._blocks += 1
+        try:
+            left = max(0.0, self._default_wait - (time.monotonic() - started))
+            took = self.acquire(wait=left)  # at once when held: a nested entry sends nothing
+        except BaseException:
+            self._leave(release=False)
+            raise
+        if not took:
+            self._leave(release=False)
+            return "busy"
+        self._contexts.append(_current.set(self))
+        return "in"
+
+    def _exit_block(self) -> None:
+        _reset_current(self._contexts.pop())
+        self._leave(release=True)
+
+    def _leave(self, *, release: bool) -> None:
+        """Count one block out; the outermost exit releases and lets the next thread in."""
+        with self._gate:
             self._blocks -= 1
-            _current.reset(self._contexts.pop())
-        self.release()
+            outermost = self._blocks == 0
+        if not outermost:
+            return
+        try:
+            if release:
+                self.release()
+        finally:
+            with self._gate:
+                self._owner_thread = None
+                self._gate.notify()
 
     def _forget_after_fork(self) -> None:
         """In a forked child: hold nothing (the parent still does)."""

@@ -4,16 +4,27 @@ Each tick it marks lost every lease past its local deadline (``expired``), then
 sends one ``locks`` call renewing every lease that is due, together with those
 due within 60% of their renew period: leases taken at scattered moments then fall
 into one batch instead of one call each. A call that fails is not a loss: those
-leases are retried sooner, until their deadline. The thread exits when nothing
-has been held for a moment (so a tight acquire/release loop does not start one
+leases are retried sooner, until their deadline; a store that was replaced
+(``StoreReplacedError``) ends them at once. The thread exits when nothing has
+been held for a moment (so a tight acquire/release loop does not start one
 thread per acquire) and comes back when something is.
+
+The renewer never blocks in an engine call itself: the call runs on a
+short-lived thread while the renewer waits for it no longer than the nearest
+local deadline, marking leases lost as their deadlines pass, so ``lost`` and the
+``on_lost`` handlers fire on time however long the engine takes. An answer that
+comes after a lease's deadline does not revive it; the permit it renewed is
+given back.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ._errors import StoreReplacedError
+from ._ops import LockOps
 
 if TYPE_CHECKING:
     from ._client import Queen
@@ -24,6 +35,32 @@ log = logging.getLogger("queen_sync")
 _IDLE_CHECK = 60.0
 _LINGER = 0.5  # seconds the thread stays with nothing held before it exits
 _TAKE_ALONG = 0.6  # a due call also renews leases due within this share of their period
+_BUSY_RETRY = 0.1  # seconds before looking again at a lease a manual renew/release is using
+
+
+class _Call:
+    """One engine call on a short-lived thread, so that its caller can wait for it bounded."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self._work = work
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+    def start(self) -> _Call:
+        try:
+            threading.Thread(target=self._run, name="queen_sync-call", daemon=True).start()
+        except RuntimeError:
+            self._run()  # no new threads at interpreter exit: call here, bounded by the engine
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.value = self._work()
+        except BaseException as exc:  # handed to the waiting renewer, which logs it
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 class Renewer:
@@ -40,6 +77,7 @@ class Renewer:
         self._wake = threading.Event()
         self._stopping = False
         self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
+        self._deferred: dict[int, float] = {}  # lease id -> when to try one whose _io was busy
         self.ticks = 0
         self.calls = 0
 
@@ -58,6 +96,7 @@ class Renewer:
     def unregister(self, lock: Lock) -> None:
         with self._mutex:
             self._locks.pop(id(lock), None)
+            self._deferred.pop(id(lock), None)
             idle = not self._locks
             planned = self._planned
         if idle and (planned <= 0.0 or planned > self._client._clock.monotonic() + _LINGER):
@@ -76,49 +115,94 @@ class Renewer:
         clock = self._client._clock
         now = clock.monotonic()
         self.ticks += 1
+        live = self._expire(now)
+        due = [lock for lock in live
+               if lock._next_renew <= now and self._deferred.get(id(lock), 0.0) <= now]
+        if due:
+            # The call goes out anyway: take along what falls due soon, so batches merge.
+            # Past half a period, two batches always meet: one of them takes the other along.
+            due += [lock for lock in live
+                    if now < lock._next_renew <= now + lock.renew_every * _TAKE_ALONG]
+            self._renew(due, now)
+        return self._next_wake(clock.monotonic())
+
+    def _expire(self, now: float) -> list[Lock]:
+        """Mark lost every lease past its local deadline; return the others."""
         live = []
         for lock in self.held():
             if now >= lock._deadline:
                 lock._lose("expired")
             else:
                 live.append(lock)
-        due = [lock for lock in live if lock._next_renew <= now]
-        if due:
-            # The call goes out anyway: take along what falls due soon, so batches merge.
-            # Past half a period, two batches always meet: one of them takes the other along.
-            due += [lock for lock in live
-                    if now < lock._next_renew <= now + lock.renew_every * _TAKE_ALONG]
-            self._renew(due)
-        return self._next_wake(clock.monotonic())
+        return live
 
-    def _renew(self, due: list[Lock]) -> None:
-        batch = [lock for lock in due if lock._io.acquire(blocking=False)]
+    def _renew(self, due: list[Lock], now: float) -> None:
+        batch = []
+        for lock in due:
+            if lock._io.acquire(blocking=False):
+                batch.append(lock)
+                self._deferred.pop(id(lock), None)
+            else:  # a manual renew or release is using it: look again soon, do not spin
+                self._deferred[id(lock)] = now + _BUSY_RETRY
         try:
             pairs = [(lock, op) for lock in batch if (op := lock._renew_op()) is not None]
-            if not pairs:
-                return
-            clock = self._client._clock
-            sent_at = clock.monotonic()
-            self.calls += 1
-            try:
-                answers = self._client._call_locks([op for _, op in pairs])
-            except Exception as exc:
-                log.warning("renewing %d lease(s) failed, retrying before their deadlines: %s",
-                            len(pairs), exc)
-                self._client.metrics.count("renew_error")
-                now = clock.monotonic()
-                for lock, _ in pairs:
-                    lock._renew_failed(now)
-                return
-            self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
-            for (lock, _), answer in zip(pairs, answers):
-                lock._renewed(answer, sent_at)
+            if pairs:
+                self._send(pairs)
         finally:
             for lock in batch:
                 lock._io.release()
 
+    def _send(self, pairs: list[tuple[Lock, dict[str, Any]]]) -> None:
+        """Renew ``pairs`` in one call (their ``_io`` held) without blocking past a deadline."""
+        clock = self._client._clock
+        sent_at = clock.monotonic()
+        self.calls += 1
+        ops = [op for _, op in pairs]
+        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        if call.error is not None:
+            self._failed([lock for lock, _ in pairs], call.error)
+            return
+        self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
+        late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
+                for (lock, _), answer in zip(pairs, call.value)
+                if not lock._renewed(answer, sent_at) and answer.get("renewed")]
+        if late:
+            self._give_back(late)
+
+    def _await(self, call: _Call) -> _Call:
+        """Wait for ``call``, waking at each local deadline to mark those leases lost."""
+        clock = self._client._clock
+        while not call.done.is_set():
+            now = clock.monotonic()
+            live = self._expire(now)
+            nearest = min((lock._deadline for lock in live), default=now + _IDLE_CHECK)
+            clock.wait(call.done, nearest - now)
+        return call
+
+    def _failed(self, locks: list[Lock], error: BaseException) -> None:
+        if isinstance(error, StoreReplacedError):
+            log.error("the store was replaced; %d lease(s) renewed there are lost: %s",
+                      len(locks), error)
+            for lock in locks:
+                lock._lose("renew")
+            return
+        log.warning("renewing %d lease(s) failed, retrying before their deadlines: %r",
+                    len(locks), error)
+        self._client.metrics.count("renew_error")
+        now = self._client._clock.monotonic()
+        for lock in locks:
+            lock._renew_failed(now)
+
+    def _give_back(self, ops: list[dict[str, Any]]) -> None:
+        """Release permits renewed by answers that came after their leases' deadlines."""
+        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        if call.error is not None:
+            log.warning("could not give back %d permit(s) renewed too late; they expire by "
+                        "themselves: %r", len(ops), call.error)
+
     def _next_wake(self, now: float) -> float:
-        times = [min(lock._next_renew, lock._deadline) for lock in self.held()]
+        times = [min(max(lock._next_renew, self._deferred.get(id(lock), 0.0)), lock._deadline)
+                 for lock in self.held()]
         return max(0.0, min(times, default=now + _IDLE_CHECK) - now)
 
     def _loop(self) -> None:
@@ -143,8 +227,7 @@ class Renewer:
                 continue
             try:
                 delay = self.tick()
-            except Exception:
-                # Never die silently: log, and keep renewing the others.
+            except BaseException:  # even SystemExit: this thread must never die silently
                 log.exception("queen_sync renewer tick failed; continuing")
                 delay = 0.1
             self._planned = clock.monotonic() + delay

@@ -1,0 +1,205 @@
+"""Blocks on one handle nest (released at the OUTERMOST exit) and exclude other threads."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+from manual_clock import ManualClock
+
+import queen_sync as qs
+
+
+@pytest.fixture
+def mq(sqlite_url: str, clock: ManualClock) -> Any:
+    client = qs.Queen(sqlite_url, clock=clock, renew_thread=False)
+    yield client
+    client.close()
+
+
+def held_on_engine(q: qs.Queen, name: str) -> bool:
+    return bool(q.locks.get(name))
+
+
+class TestNesting:
+    def test_a_nested_block_keeps_the_lease_until_the_outer_exits(self, mq: qs.Queen) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            token = lock.token
+            with lock:
+                assert qs.current_lock() is lock
+            assert lock.held and lock.token == token, f"the inner exit released: {lock!r}"
+            assert held_on_engine(mq, "job"), "the engine no longer has the permit"
+            assert qs.current_lock() is lock, "current_lock() lost the outer block"
+        assert not lock.held and not held_on_engine(mq, "job"), "the outer exit must release"
+        assert qs.current_lock() is None
+
+    def test_run_inside_a_with_block_keeps_the_lease(self, mq: qs.Queen) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            result = lock.run(lambda: lock.token)
+            assert result.acquired, result
+            assert lock.held and held_on_engine(mq, "job"), "run inside with released early"
+        assert not held_on_engine(mq, "job")
+
+    def test_current_lock_inside_a_singleton_job_body_does_not_release_it(
+        self, mq: qs.Queen
+    ) -> None:
+        seen: list[bool] = []
+
+        @qs.singleton_job("nightly", queen=mq, on_lost="ignore")
+        def job() -> None:
+            lock = qs.current_lock()
+            assert lock is not None
+            with lock:  # a helper taking "the current lock" for its own step
+                pass
+            seen.append(lock.held and held_on_engine(mq, "nightly"))
+
+        job()
+        assert seen == [True], "the helper's block released the job's lease"
+        assert not held_on_engine(mq, "nightly"), "the job must release when it returns"
+
+    def test_an_explicit_release_inside_blocks_releases_now(self, mq: qs.Queen) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock, lock:
+            assert lock.release(), "an explicit release must give the permit back"
+            assert not held_on_engine(mq, "job")
+        assert not lock.held, "the outer exit has nothing to release and raises nothing"
+
+    def test_a_nested_block_after_a_loss_takes_the_lease_again(self, mq: qs.Queen) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            mq.kv.delete("queen-locks", "job#0")
+            assert not lock.renew() and lock.lost.is_set()
+            with lock:
+                assert lock.held, "re-entering a lost lease must take it again"
+            assert lock.held, "the inner exit must not release"
+        assert not held_on_engine(mq, "job")
+
+    def test_a_failed_nested_entry_does_not_end_the_outer_block(self, mq: qs.Queen) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            mq.kv.delete("queen-locks", "job#0")
+            assert not lock.renew()
+            assert mq.locks.acquire("job", ttl_seconds=30, owner="thief")
+            with pytest.raises(qs.LockNotHeldError), lock:
+                pytest.fail("the inner block must not run")
+            assert qs.current_lock() is lock, "the failed entry unwound the outer block"
+        assert lock._blocks == 0, "the entry count leaked"
+
+
+def inside_checker(lock: qs.Lock, rounds: int, enter: Callable[[], Any]) -> list[str]:
+    """Threads enter ``lock`` ``rounds`` times each and record overlaps; returns problems."""
+    inside: list[int] = []
+    problems: list[str] = []
+    guard = threading.Lock()
+
+    def body() -> None:
+        with guard:
+            inside.append(threading.get_ident())
+            if len(inside) > 1:
+                problems.append(f"{len(inside)} threads inside together")
+        time.sleep(random.random() * 0.002)
+        with guard:
+            inside.remove(threading.get_ident())
+
+    def worker() -> None:
+        for _ in range(rounds):
+            try:
+                enter_and_run(body)
+            except BaseException as exc:  # a thread must report, not die silently
+                problems.append(repr(exc))
+
+    def enter_and_run(fn: Callable[[], None]) -> None:
+        outcome = enter()
+        outcome(fn)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return problems
+
+
+class TestThreads:
+    def test_threads_sharing_a_handle_never_are_inside_its_blocks_together(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            lock = q.lock("shared", ttl=30, wait=10)
+
+            def enter() -> Callable[[Callable[[], None]], None]:
+                def run(fn: Callable[[], None]) -> None:
+                    with lock:
+                        assert lock.held, "inside the block without the lease"
+                        if random.random() < 0.5:  # the owner re-enters at random
+                            assert lock.run(fn).acquired, "the owner could not re-enter"
+                        else:
+                            fn()
+                        assert lock.held, "a nested exit released the lease"
+                return run
+
+            problems = inside_checker(lock, 25, enter)
+            assert not problems, problems[:5]
+            assert not lock.held and not held_on_engine(q, "shared")
+
+    def test_threads_sharing_a_handle_never_are_inside_run_together(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q:
+            lock = q.lock("shared", ttl=30, wait=10)
+
+            def enter() -> Callable[[Callable[[], None]], None]:
+                def run(fn: Callable[[], None]) -> None:
+                    assert lock.run(fn).acquired, "run gave up within its wait"
+                return run
+
+            problems = inside_checker(lock, 25, enter)
+            assert not problems, problems[:5]
+
+    def test_without_a_wait_another_threads_block_is_refused_clearly(
+        self, mq: qs.Queen
+    ) -> None:
+        lock = mq.lock("shared", ttl=30)
+        outcome: list[Any] = []
+        with lock:
+            def other() -> None:
+                try:
+                    with lock:
+                        outcome.append("entered")
+                except qs.LockNotHeldError as exc:
+                    outcome.append(exc)
+                outcome.append(lock.run(lambda: "ran"))
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join(5)
+            assert lock.held, "the other thread's refusal released the owner's lease"
+        assert isinstance(outcome[0], qs.LockNotHeldError), outcome
+        assert "another thread" in str(outcome[0]), str(outcome[0])
+        assert not outcome[1].acquired, f"run must report acquired=False: {outcome[1]!r}"
+
+    def test_a_waiting_thread_gets_in_when_the_owner_leaves(self, sqlite_url: str) -> None:
+        with qs.Queen(sqlite_url) as q:
+            lock = q.lock("shared", ttl=30, wait=5)
+            order: list[str] = []
+            started = threading.Event()
+
+            def other() -> None:
+                started.set()
+                with lock:
+                    order.append("other")
+
+            thread = threading.Thread(target=other)
+            with lock:
+                thread.start()
+                started.wait(5)
+                time.sleep(0.2)
+                assert lock.acquire(), "acquire outside blocks stays idempotent"
+                order.append("owner")
+            thread.join(5)
+            assert order == ["owner", "other"], order
