@@ -82,7 +82,8 @@ examples:
   queen-sync release crawler --token 57 --slot 1
 
 Break-glass for operators: frees the permit held at that token (see `holders`).
-A token that is no longer the live one releases nothing (exit code 1).
+A token that is neither the live one nor the one its last renew replaced releases nothing
+(exit code 1).
 """
 
 _PING_EPILOG = """\

@@ -80,7 +80,9 @@ class Queen:
             list), ``postgresql://user@host/db``. None: ``QUEEN_URL``, else an SQLite file
             in the user's state directory.
         bearer_token: for a Queen broker (else ``QUEEN_TOKEN``); never logged.
-        timeout: seconds per engine call (a number, or ``(connect, read)`` over HTTP).
+        timeout: seconds per engine call (a number, or ``(connect, read)`` over HTTP; over
+            HTTP the whole call, resends included, is bounded by ``call_timeout``, by
+            default the larger of the two).
         engine: an engine object to use instead of a URL (tests).
         clock: the monotonic clock handles and the renewer read (tests).
         renew_thread: False to drive ``q.renewer.tick()`` by hand (tests).
@@ -124,7 +126,20 @@ class Queen:
              ttl_seconds: Optional[int] = None, owner: Optional[str] = None,
              auto_renew: bool = True, renew_every: Optional[Duration] = None,
              wait: Optional[Duration] = 0) -> Lock:
-        """A handle on lock ``name`` (nothing is sent until ``acquire``)."""
+        """A handle on lock ``name`` (nothing is sent until ``acquire``).
+
+        Args:
+            name: the lock's name (1..256 UTF-8 bytes, no control characters, no ``#``).
+            ttl: the lease's lifetime (seconds, or text such as ``"2m"``); at most 10 years.
+            ttl_seconds: the lifetime as a whole number of seconds, instead of ``ttl``.
+            owner: the identity the engine knows this holder by (default: a fresh
+                ``host:pid:random`` per handle). Calls from one owner count as resends, so
+                handles sharing an ``owner=`` are ONE holder and hold at the same time, even
+                in different processes: give each process its own.
+            auto_renew: keep the lease renewed by the client's background thread.
+            renew_every: how often to renew (default: a third of the lifetime).
+            wait: how long ``acquire``, ``with`` and ``run`` wait by default (0: one try).
+        """
         return self._handle(name, 1, ttl, ttl_seconds, owner, auto_renew, renew_every, wait)
 
     def semaphore(self, name: str, limit: int, *, ttl: Optional[Duration] = None,
