@@ -1,0 +1,1 @@
+"""A pure-Python reference model of the wire's semantics, for model-based conformance tests."""
