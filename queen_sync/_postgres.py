@@ -32,11 +32,11 @@ import math
 import re
 import threading
 from typing import Any, Iterator, Mapping, Optional
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ._engine import Capabilities, Engine, Waiter, redact_url
 from ._errors import LockLostError, RequestError
-from ._ops import LOCKS_NS, permit_key
+from ._ops import LOCKS_NS, check_lock_op, permit_key
 from ._semantics import EmbeddedSemantics
 
 try:
@@ -48,8 +48,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the PostgreSQL engine needs psycopg 3 and psycopg_pool: "
         "pip install 'queen-sync[postgres]'") from exc
 
+from ._postgres_errors import detail_of, secrets_of, translate
 from ._postgres_listen import Listener
-from ._postgres_storage import PostgresStorage, translate
+from ._postgres_storage import PostgresStorage
 
 log = logging.getLogger("queen_sync")
 
@@ -58,6 +59,9 @@ DEFAULT_TIMEOUT = 10.0
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
 _LISTEN_READY_WAIT = 2.0
+# Lock operations per transaction: far below the lock table of any server (64 entries per
+# connection by default), yet enough that a renewal pass costs few round trips.
+LOCKS_PER_TRANSACTION = 256
 
 
 def _timeouts(timeout: Any) -> tuple[float, float]:
@@ -79,18 +83,26 @@ def public_url(url: str) -> str:
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The libpq URL and this engine's own query options, taken out of it."""
-    parts = urlsplit(url)
+    """The libpq URL and this engine's own query options, taken out of it.
+
+    libpq's options stay exactly as written: decoding and encoding them again would
+    turn a ``%20`` into a ``+``, which libpq reads as a plus sign.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unbalanced '[' in the address
+        raise RequestError(f"not a valid URL ({exc})", code="bad_url") from None
     if parts.scheme.lower() not in ("postgresql", "postgres"):
         raise RequestError(f"not a PostgreSQL URL: {public_url(url)}", code="bad_url")
     ours: dict[str, str] = {}
     theirs = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for field in filter(None, parts.query.split("&")):
+        key = unquote(field.partition("=")[0])
         if key in _OWN_QUERY:
-            ours[key] = value
+            ours[key] = unquote(field.partition("=")[2])
         else:
-            theirs.append((key, value))
-    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(theirs), ""))
+            theirs.append(field)
+    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(theirs), ""))
     return libpq, ours
 
 
@@ -102,20 +114,27 @@ def _engine_url(libpq_url: str, schema: str) -> str:
 
 
 def _session_options(existing: Optional[str], call_timeout: float) -> str:
-    """Server settings for our sessions: no statement or lock wait outlives the call timeout."""
+    """Server settings for our sessions: no statement or lock wait outlives the call timeout.
+
+    The user's own ``options`` come last, so a setting they chose wins over ours.
+    """
     ms = int(call_timeout * 1000)
     ours = (f"-c statement_timeout={ms} -c lock_timeout={ms} "
             f"-c idle_in_transaction_session_timeout={max(ms, 5000)}")
-    return f"{existing} {ours}" if existing else ours
+    return f"{ours} {existing}" if existing else ours
 
 
 def build_conninfo(libpq_url: str, connect_timeout: float, call_timeout: float,
-                   where: str) -> str:
+                   where: str, secrets: frozenset[str] = frozenset()) -> str:
     """A libpq connection string with this engine's defaults added to the user's settings."""
     try:
         params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(libpq_url)
     except psycopg.Error as exc:
-        raise RequestError(f"bad PostgreSQL URL {where}: {exc}", code="bad_url") from exc
+        raise RequestError(f"bad PostgreSQL URL {where}: {detail_of(exc, secrets)}",
+                           code="bad_url") from exc
+    except UnicodeDecodeError:  # the exception holds the raw bytes: it is not chained
+        raise RequestError(f"bad PostgreSQL URL {where}: a percent-escape decodes to bytes "
+                           "that are not UTF-8", code="bad_url") from None
     params.setdefault("application_name", "queen_sync")
     params.setdefault("connect_timeout", str(max(1, math.ceil(connect_timeout))))
     params.setdefault("tcp_user_timeout", str(int(call_timeout * 1000)))
@@ -150,10 +169,13 @@ class PostgresEngine(Engine):
         libpq_url, _ = split_url(url)
         connect_timeout, call_timeout = _timeouts(timeout)
         self._url = _engine_url(libpq_url, schema)
-        conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url)
+        self._secrets = secrets_of(url)
+        conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url,
+                                  self._secrets)
         self.storage = PostgresStorage(conninfo, where=self._url, schema=schema,
                                        timeout=connect_timeout + call_timeout,
-                                       min_size=pool_min_size, max_size=pool_max_size)
+                                       min_size=pool_min_size, max_size=pool_max_size,
+                                       secrets=self._secrets, call_timeout=call_timeout)
         self._semantics = EmbeddedSemantics(self.storage)
         self._listener: Optional[Listener] = None
         self._mutex = threading.Lock()
@@ -176,11 +198,34 @@ class PostgresEngine(Engine):
         return self._url
 
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        ops = body.get("operations") if route == "locks" and isinstance(body, Mapping) else None
+        if isinstance(ops, list) and len(ops) > LOCKS_PER_TRANSACTION:
+            return self._call_in_chunks(ops)
+        return self._call_once(route, body)
+
+    def _call_once(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.storage.new_call(route, body)
         try:
             return self._semantics.call(route, body)
         except psycopg.Error as exc:  # the storage translates; this catches any it missed
-            raise translate(exc, self._url) from exc
+            raise translate(exc, self._url, self._secrets) from exc
+
+    def _call_in_chunks(self, ops: list[Any]) -> dict[str, Any]:
+        """A big locks body as several transactions of a bounded size, each with its timeout.
+
+        One transaction per body would take a lock-table entry per name and outgrow the
+        server's lock table. A locks body's ops are independent on the wire, so each chunk
+        may commit on its own; every op is checked first, so a bad one commits nothing.
+        Should a chunk fail, those before it stay applied, and resending the body by the
+        same owner answers the same permits (a resent acquire or renew is safe).
+        """
+        for op in ops:
+            check_lock_op(op)
+        results: list[Any] = []
+        for start in range(0, len(ops), LOCKS_PER_TRANSACTION):
+            chunk = {"operations": ops[start:start + LOCKS_PER_TRANSACTION]}
+            results += self._call_once("locks", chunk)["results"]
+        return {"results": results}
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
@@ -192,9 +237,10 @@ class PostgresEngine(Engine):
     def _listening(self) -> Listener:
         with self._mutex:
             if self._listener is None:
-                self._listener = Listener(self.storage.connect, self.storage.sql.channel)
+                self._listener = Listener(self.storage.connect, self.storage.sql.channel,
+                                          self.storage.bounded)
             listener = self._listener
-        if not listener.ready(_LISTEN_READY_WAIT):
+        if not listener.ready(min(_LISTEN_READY_WAIT, self.storage.call_timeout)):
             log.debug("LISTEN at %s is not ready; waiters fall back to polling", self._url)
         return listener
 
@@ -228,7 +274,7 @@ class PostgresEngine(Engine):
                 cur.execute(self.storage.sql.fence, (LOCKS_NS, permit_key(name, slot), token))
                 live = cur.fetchone() is not None
         except psycopg.Error as exc:
-            raise translate(exc, self._url) from exc
+            raise translate(exc, self._url, self._secrets) from exc
         if not live:
             raise LockLostError(
                 f"lock {name!r} (slot {slot}) is no longer held at token {token}: the write "

@@ -15,7 +15,7 @@ import logging
 import os
 import select
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import psycopg
 
@@ -46,10 +46,15 @@ class Listener:
     Args:
         connect: opens a new autocommit connection (driver errors propagate).
         channel: the channel releases are notified on.
+        bounded: a context bounding one statement on a connection (a frozen server
+            must not hold the LISTEN forever: the listener reconnects instead).
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str,
+                 bounded: Optional[Callable[[psycopg.Connection[Any]], ContextManager[Any]]]
+                 = None) -> None:
         self._connect = connect
+        self._bounded = bounded or (lambda conn: contextlib.nullcontext())
         self._channel = channel
         self._waiters: dict[str, set[PgWaiter]] = {}
         self._mutex = threading.Lock()
@@ -99,7 +104,8 @@ class Listener:
         while not self._stopping.is_set():
             try:
                 with self._connect() as conn:
-                    conn.execute(f'LISTEN "{self._channel}"')
+                    with self._bounded(conn):
+                        conn.execute(f'LISTEN "{self._channel}"')
                     self._listening.set()
                     self._tried.set()
                     self._wake(None)

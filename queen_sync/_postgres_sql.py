@@ -21,8 +21,9 @@ COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_ver
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _ROW_TYPES = "text, text, json, bigint, bigint, bigint, bigint, bigint"
-# Past this many entities a body's rows are fetched by one unprepared SELECT.
-_FETCH_ONE_BY_ONE = 16
+# Past this many entities a body's entities are locked, and their rows fetched, by one
+# unprepared statement over arrays.
+FETCH_ONE_BY_ONE = 16
 
 Statement = tuple[str, Sequence[Any]]
 
@@ -69,6 +70,10 @@ class Statements:
         )
         self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
         self.migration_lock = "SELECT pg_advisory_xact_lock(%s, 0)"
+        # The array comes sorted and a function scan yields it in order, so the locks are
+        # taken in the one fixed order; were they not, a deadlock costs a retry, not safety.
+        self.lock_many = ("SELECT count(pg_advisory_xact_lock(%s, k))"
+                          " FROM unnest(%s::int[]) AS t(k)")
         self.fence = (
             f"SELECT 1 FROM {kv} WHERE ns = %s AND key = %s AND version = %s"
             f" AND (expires_at IS NULL OR expires_at > ({CLOCK})) FOR KEY SHARE"
@@ -82,7 +87,14 @@ class Statements:
             " AND starts_with(key, %s) AND (expires_at IS NULL OR expires_at > %s)"
             " ORDER BY key LIMIT %s"
         )
-        self._fetch_head = f"SELECT {COLUMNS} FROM {kv} WHERE "
+        # One key range per entity, passed as arrays: a WHERE of N ORs costs the planner
+        # O(N^2). Each range is an index scan of its own (OFFSET 0 keeps the subquery from
+        # being flattened into a hash join, which would compare every row with every range).
+        self.fetch_ranges = (
+            f"SELECT k.* FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(ns, lo, hi),"
+            f" LATERAL (SELECT {COLUMNS} FROM {kv} WHERE ns = e.ns AND key >= e.lo"
+            " AND key < e.hi OFFSET 0) AS k"
+        )
         prepared = {
             "lock": ("int, int", "SELECT pg_advisory_xact_lock($1, $2)"),
             "draw0": ("", f"SELECT ({CLOCK}), ARRAY[]::bigint[]"),
@@ -151,19 +163,21 @@ class Statements:
 
     def fetch(self, entities: Sequence[str]) -> list[Statement]:
         """Statements reading every row of these entities (lock names' permits, single keys)."""
-        if len(entities) <= _FETCH_ONE_BY_ONE:
+        if len(entities) <= FETCH_ONE_BY_ONE:
             return [(self.fetch_name, (LOCKS_NS, e[1:] + "#", e[1:] + "$")) if e[0] == "L"
                     else (self.read, tuple(e[1:].split("/", 1))) for e in entities]
         return [self._fetch_all(entities)]
 
     def _fetch_all(self, entities: Iterable[str]) -> Statement:
-        conditions, params = [], []
+        namespaces, lows, highs = [], [], []
         for entity in entities:
             if entity.startswith("L"):
-                conditions.append("(ns = %s AND key >= %s AND key < %s)")
-                params += [LOCKS_NS, entity[1:] + "#", entity[1:] + "$"]
+                ns, low, high = LOCKS_NS, entity[1:] + "#", entity[1:] + "$"
             else:
-                ns, key = entity[1:].split("/", 1)
-                conditions.append("(ns = %s AND key = %s)")
-                params += [ns, key]
-        return self._fetch_head + " OR ".join(conditions), params
+                # Only the key itself lies in [key, key + "\x01"): text never holds "\x00".
+                ns, low = entity[1:].split("/", 1)
+                high = low + "\x01"
+            namespaces.append(ns)
+            lows.append(low)
+            highs.append(high)
+        return self.fetch_ranges, [namespaces, lows, highs]

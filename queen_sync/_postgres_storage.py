@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+import time
+from typing import Any, ContextManager, Iterator, Optional, Sequence, Union
 
 import psycopg
 import psycopg_pool
 from psycopg import ClientCursor
 
 from ._errors import EngineError, EngineUnavailableError, QueenError
+from ._postgres_deadline import Watch, Watchdog
+from ._postgres_errors import CAUGHT_DRIVER_ERRORS as CAUGHT_DRIVER_ERRORS
+from ._postgres_errors import detail_of, translate
 from ._postgres_guarded import GuardedTxn, SeenRows
 from ._postgres_sql import CLOCK, SCHEMA_VERSION, Statements
 from ._postgres_txn import PgTxn, Plan, plan_for
@@ -32,39 +37,6 @@ log = logging.getLogger("queen_sync")
 _POOL_WAIT = 0.25
 _SWEEP_EVERY = 1000
 _HOT_USES = 1000
-
-# Every driver exception type this package catches, each translated by ``translate``.
-CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
-    psycopg.Error,
-    psycopg.OperationalError,
-    psycopg.errors.UniqueViolation,
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-    psycopg.errors.DivisionByZero,
-    psycopg.errors.UndefinedTable,
-    psycopg_pool.PoolTimeout,
-)
-
-# Most specific first: the first matching class decides the queen_sync error.
-_TRANSLATIONS: tuple[tuple[type[Exception], type[QueenError], str], ...] = (
-    (psycopg_pool.PoolClosed, EngineError, "the engine is closed"),
-    (psycopg_pool.PoolTimeout, EngineUnavailableError, "no connection became available"),
-    (psycopg_pool.TooManyRequests, EngineUnavailableError, "too many callers are waiting"),
-    (psycopg.errors.InsufficientPrivilege, EngineError, "the database user lacks a privilege"),
-    (psycopg.OperationalError, EngineUnavailableError, "the database is unavailable"),
-    (psycopg.InterfaceError, EngineError, "the driver failed"),
-    (psycopg.Error, EngineError, "the database refused the request"),
-)
-
-
-def translate(exc: psycopg.Error, where: str) -> QueenError:
-    """The queen_sync error for a driver error (``where`` names the store, without secrets)."""
-    for driver_type, queen_type, summary in _TRANSLATIONS:
-        if isinstance(exc, driver_type):
-            detail = str(exc).strip() or type(exc).__name__
-            return queen_type(f"PostgreSQL at {where}: {summary}: {detail}")
-    raise TypeError(f"not a driver error: {exc!r}")  # pragma: no cover - psycopg.Error matches
-
 
 # Lost races that running the body again resolves.
 _CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
@@ -80,6 +52,8 @@ class _CallState(threading.local):
         self.plan = Plan()
         self.reconnected = False
         self.guarded = False  # one attempt at most runs as a GuardedTxn
+        self.deadline = float("inf")  # time.monotonic() by which the call must be answered
+        self.watch: Optional[Watch] = None  # the connection the current attempt runs on
 
 
 def _has_input(conn: psycopg.Connection[Any]) -> bool:
@@ -115,14 +89,20 @@ class PostgresStorage:
         where: the store's address without secrets, for messages.
         schema: the schema holding the tables (created on first use).
         timeout: seconds to wait for a connection.
+        call_timeout: seconds a call may take, bounded on this side of the wire.
         min_size: connections the pool keeps open.
         max_size: connections the pool may open.
+        secrets: texts never to show in an error or a log line (the password).
     """
 
     def __init__(self, conninfo: str, *, where: str, schema: str, timeout: float,
-                 min_size: int, max_size: int) -> None:
+                 min_size: int, max_size: int, secrets: frozenset[str] = frozenset(),
+                 call_timeout: float = 10.0) -> None:
         self.sql = Statements(schema)
+        self.call_timeout = call_timeout
+        self._watchdog = Watchdog()
         self.where = where
+        self.secrets = secrets
         self._conninfo = conninfo
         self._timeout = timeout
         self._sizes = (min_size, max_size)
@@ -139,11 +119,46 @@ class PostgresStorage:
     # ---- connections ---------------------------------------------------------------------
 
     def connect(self, **overrides: Any) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (migrations, LISTEN); driver errors propagate."""
-        conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
-                                          cursor_factory=ClientCursor, **overrides)
+        """A new connection outside the pool (migrations, LISTEN); driver errors propagate.
+
+        They propagate redacted, since the LISTEN thread logs them.
+        """
+        try:
+            conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
+                                              cursor_factory=ClientCursor, **overrides)
+        except psycopg.Error as exc:
+            detail_of(exc, self.secrets)
+            raise
         self._track(conn)
         return conn
+
+    def bounded(self, conn: psycopg.Connection[Any]) -> ContextManager[Any]:
+        """Bound what runs on ``conn`` inside this context by the call timeout, from now."""
+        return self._watchdog.watching(conn, time.monotonic() + self.call_timeout)
+
+    def _translate(self, exc: psycopg.Error) -> QueenError:
+        if self._overran():
+            return self._overrun_error()
+        return translate(exc, self.where, self.secrets, self._state.plan.operations)
+
+    def _overran(self) -> bool:
+        """The current call's deadline has passed (its connection may have been shut down)."""
+        watch = self._state.watch
+        return (watch is not None and watch.fired) or time.monotonic() >= self._state.deadline
+
+    def _overrun_error(self, during: str = "") -> EngineUnavailableError:
+        size = self._state.plan.operations
+        body = f" to a body of {size} operations" if size > 1 else ""
+        return EngineUnavailableError(
+            f"PostgreSQL at {self.where} did not answer{body} within {self.call_timeout:g}s "
+            f"(the call's timeout){during}; the connection was closed")
+
+    def _remaining(self) -> float:
+        """Seconds left before the current call's deadline; raises once none are left."""
+        remaining = self._state.deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._overrun_error()
+        return remaining
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         """Make a connection ready for bodies: remembered, with the statements prepared."""
@@ -177,7 +192,7 @@ class PostgresStorage:
 
     def _migrate(self) -> None:
         """Create or upgrade the schema; several processes may race here, so it is serialised."""
-        with self.connect() as conn:
+        with self.connect() as conn, self._watchdog.watching(conn, self._state.deadline):
             with contextlib.suppress(psycopg.errors.UndefinedTable), conn.transaction():
                 record = conn.execute(self.sql.schema_version).fetchone()
                 if record is not None and record[0] >= SCHEMA_VERSION:
@@ -194,32 +209,37 @@ class PostgresStorage:
         if hot is not None:
             return hot, pool
         try:
-            return pool.getconn(timeout=_POOL_WAIT), pool
+            return pool.getconn(timeout=min(_POOL_WAIT, self._remaining())), pool
         except psycopg_pool.PoolTimeout:
             pass  # the pool is busy, or reconnecting with back-off after an outage
         except psycopg.Error as exc:
-            raise translate(exc, self.where) from exc
+            raise self._translate(exc) from exc
         hot = self._take_hot()  # set aside by another thread while this one waited
         if hot is not None:
             return hot, pool
         # Connecting here, now, answers at once: a connection, or libpq's reason why not.
         try:
-            conn = self.connect()
+            conn = self.connect(connect_timeout=math.ceil(self._remaining()))
         except psycopg.Error as exc:
-            raise translate(exc, self.where) from exc
+            raise self._translate(exc) from exc
         try:
-            conn.execute(self.sql.prepare)
+            with self._watchdog.watching(conn, self._state.deadline):
+                conn.execute(self.sql.prepare)
         except psycopg.Error as exc:
             conn.close()
-            raise translate(exc, self.where) from exc
+            raise self._translate(exc) from exc
         return conn, None
 
-    def _checkin(self, conn: psycopg.Connection[Any], pool: Optional[_Pool]) -> None:
+    def _checkin(self, conn: psycopg.Connection[Any], pool: Optional[_Pool],
+                 watch: Optional[Watch] = None) -> None:
+        """Give a connection back; ``watch`` (its call's deadline) still covers the ROLLBACK."""
         if not _lost(conn) and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.close()
+        if watch is not None and self._watchdog.unwatch(watch):
+            conn.close()  # its socket was shut down: the pool must replace it
         if pool is None or pool.closed:
             conn.close()
             return
@@ -248,14 +268,18 @@ class PostgresStorage:
     # ---- transactions --------------------------------------------------------------------
 
     def new_call(self, route: str, body: Any) -> None:
-        """Plan the coming call's transaction and forget the previous call's retries."""
+        """Plan the coming call's transaction, start its clock, forget the last call's retries."""
         self._state.plan = plan_for(route, body)
         self._state.reconnected = False
         self._state.guarded = False
+        self._state.deadline = time.monotonic() + self.call_timeout
+        self._state.watch = None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Txn]:
+        self._remaining()  # a call past its deadline starts no new attempt
         conn, pool = self._checkout()
+        watch = self._state.watch = self._watchdog.watch(conn, self._state.deadline)
         box: list[Txn] = []
         try:
             cur = conn.cursor()
@@ -268,7 +292,7 @@ class PostgresStorage:
                 self._seen.forget(set(box[0].rows()))
             raise
         finally:
-            self._checkin(conn, pool)
+            self._checkin(conn, pool, watch)
         self._seen.remember(box[0].rows())
         if isinstance(box[0], PgTxn):
             self._seen.saw_clock(box[0].clock)
@@ -308,6 +332,8 @@ class PostgresStorage:
     def _before_commit(self, conn: psycopg.Connection[Any], box: list[Txn],
                        exc: psycopg.Error) -> Exception:
         """What a driver error raised before COMMIT becomes: a new attempt, or an error."""
+        if self._overran():
+            return self._overrun_error()
         if isinstance(exc, _CONFLICTS):
             if box:  # the next attempt locks up front what this one had to lock on the way
                 self._state.plan.entities |= box[0].unplanned
@@ -320,7 +346,7 @@ class PostgresStorage:
                      type(exc).__name__)
             self._discard_dead()
             return StorageConflict("connection lost before commit")
-        return translate(exc, self.where)
+        return self._translate(exc)
 
     def _commit(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], txn: Txn) -> None:
         """Send the pending writes and COMMIT in one script; a lost connection is ambiguous."""
@@ -328,15 +354,19 @@ class PostgresStorage:
         try:
             cur.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
         except psycopg.Error as exc:
+            if self._overran():
+                raise self._overrun_error(
+                    " while committing, so whether the call took effect is unknown") from exc
             if _lost(conn):
                 raise EngineUnavailableError(
                     f"PostgreSQL at {self.where}: the connection was lost during COMMIT, so "
-                    f"whether the call took effect is unknown: {exc}") from exc
+                    "whether the call took effect is unknown: "
+                    f"{detail_of(exc, self.secrets)}") from exc
             # A server error stops the script before its COMMIT: nothing was committed.
             if isinstance(exc, _CONFLICTS):
                 self._state.plan.entities |= txn.unplanned
                 raise StorageConflict(str(exc)) from exc
-            raise translate(exc, self.where) from exc
+            raise self._translate(exc) from exc
 
     def _discard_dead(self) -> None:
         self._return_hot()
@@ -347,18 +377,22 @@ class PostgresStorage:
 
     def _sweep(self) -> None:
         """Delete a batch of expired rows; skips rows someone holds (a fence, a body)."""
+        if self._overran():
+            return  # the call that triggered it has no time left to lend
         try:
             conn, pool = self._checkout()
         except QueenError as exc:
             log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
             return
+        watch = self._watchdog.watch(conn, self._state.deadline)
         try:
             now = _fetch_one(conn.execute(CLOCK))[0]
             conn.execute(self.sql.sweep, (now,))
         except psycopg.Error as exc:
-            log.debug("sweeping expired rows at %s failed: %s", self.where, exc)
+            log.debug("sweeping expired rows at %s failed: %s", self.where,
+                      detail_of(exc, self.secrets))
         finally:
-            self._checkin(conn, pool)
+            self._checkin(conn, pool, watch)
 
     def notify_released(self, names: Sequence[str]) -> None:
         """Nothing to do: ``delete`` notified inside the transaction that freed the permit."""
@@ -368,7 +402,7 @@ class PostgresStorage:
         try:
             yield
         except psycopg.Error as exc:
-            raise translate(exc, self.where) from exc
+            raise self._translate(exc) from exc
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -384,8 +418,10 @@ class PostgresStorage:
             _ABANDONED.append(pool)
         self._state = _CallState()
         self._seen = SeenRows()
+        self._watchdog = Watchdog()  # the parent's thread did not cross the fork
 
     def close(self) -> None:
+        self._watchdog.close()
         self._return_hot()
         with self._mutex:
             self._closed = True

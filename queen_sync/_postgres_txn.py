@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional, Sequence
 import psycopg
 
 from ._ops import LOCKS_NS
-from ._postgres_sql import ASYNC_COMMIT, Statement, Statements, signed32
+from ._postgres_sql import ASYNC_COMMIT, FETCH_ONE_BY_ONE, Statement, Statements, signed32
 from ._storage import Row
 
 
@@ -61,7 +61,10 @@ def _prefix_end(prefix: str) -> Optional[str]:
 
 def lock_statements(sql: Statements, entities: Iterable[str]) -> list[Statement]:
     """Transaction-scoped locks on these entities, in the one fixed order every body uses."""
-    return [(sql.lock, (sql.lock_class, entity_key(e))) for e in sorted(entities, key=entity_key)]
+    keys = sorted({entity_key(e) for e in entities})
+    if len(keys) > FETCH_ONE_BY_ONE:
+        return [(sql.lock_many, (sql.lock_class, keys))]  # one statement, not one per entity
+    return [(sql.lock, (sql.lock_class, key)) for key in keys]
 
 
 def delete_statements(sql: Statements, ns: str, key: str) -> list[Statement]:
@@ -95,11 +98,13 @@ class Plan:
         durable: False for a body that only releases locks: its commit need not wait for
             the disk, since a release lost in a crash only lets the lease run out, and any
             later durable commit flushes it anyway.
+        operations: how many operations the body holds (named in errors its size may cause).
     """
 
     entities: set[str] = field(default_factory=set)
     versions: int = 0
     durable: bool = True
+    operations: int = 0
 
 
 def plan_for(route: str, body: Any) -> Plan:
@@ -119,6 +124,7 @@ def plan_for(route: str, body: Any) -> Plan:
             plan.entities.update(entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
         plan.versions += kind in _MINTS
     plan.durable = not (route == "locks" and ops and all(op.get("op") == "release" for op in ops))
+    plan.operations = len(ops)
     return plan
 
 

@@ -104,6 +104,26 @@ class TestUrlsAndSecrets:
             PostgresEngine.from_url(f"{base_url}?{query}")
         assert caught.value.code == "bad_url", caught.value
 
+    @pytest.mark.parametrize("options", ["-c%20statement_timeout%3D4321",
+                                         "-c+statement_timeout%3D4321"])
+    def test_libpq_options_holding_a_space_reach_the_server_as_written(
+            self, url: str, options: str) -> None:
+        # libpq decodes %20 to a space and leaves '+' alone; the second form is one '-c'
+        # argument with a '+' in it, which the server rejects: what libpq itself would do.
+        engine = PostgresEngine.from_url(f"{url}&options={options}")
+        try:
+            if "+" in options:
+                with pytest.raises(qs.EngineError):
+                    engine.call("locks", {"operations": [{"op": "get", "name": "x"}]})
+                return
+            with engine.storage.connect() as conn:
+                shown = conn.execute("SHOW statement_timeout").fetchone()
+            assert shown == ("4321ms",), f"the URL's statement_timeout did not apply: {shown}"
+            answer = engine.call("locks", {"operations": [{"op": "get", "name": "x"}]})
+            assert answer["results"][0]["held"] is False, answer
+        finally:
+            engine.close()
+
     def test_options_of_other_engines_are_refused(self, base_url: str) -> None:
         with pytest.raises(TypeError, match="headers"):
             qs.Queen(base_url, headers={"x": "y"})
@@ -122,13 +142,16 @@ class TestUrlsAndSecrets:
 
 class TestErrors:
     def test_every_driver_error_maps_to_the_most_specific_queen_sync_error(self) -> None:
+        # Refusals of this body or this client, however the driver classifies them.
+        refusals = {psycopg_pool.PoolClosed, psycopg.errors.OutOfMemory,
+                    psycopg.errors.QueryCanceled}
         seen = 0
         for cls in _all_subclasses(psycopg.Error):
             exc = cls.__new__(cls)
             Exception.__init__(exc, "boom")
             err = _postgres_storage.translate(exc, "db")
             seen += 1
-            if issubclass(cls, psycopg.OperationalError) and cls is not psycopg_pool.PoolClosed:
+            if issubclass(cls, psycopg.OperationalError) and cls not in refusals:
                 assert isinstance(err, qs.EngineUnavailableError), (cls, err)
             else:
                 assert type(err) is qs.EngineError, (cls, err)
@@ -674,3 +697,35 @@ class TestOneTripBodies:
                 assert time.monotonic() < deadline, "the server never closed the sessions"
                 time.sleep(0.01)
             assert release(engine, "closed", held) == {"released": True}
+
+
+class TestReleasingWithThePreviousToken:
+    """A renew applied but unanswered leaves the owner on its previous token."""
+
+    @staticmethod
+    def _renewed_unseen(engine: Any, name: str) -> dict[str, Any]:
+        held = acquire(engine, name, "a")
+        renew = {"op": "renew", "name": name, "token": held["token"], "slot": 0,
+                 "owner": "a", "ttlSeconds": 30}
+        assert engine.call("locks", {"operations": [renew]})["results"][0]["renewed"]
+        return held  # the answer the owner saw last: the previous token
+
+    def test_the_one_trip_release_answers_as_the_two_trip_path_and_the_reference_do(
+            self, url: str, engine: PostgresEngine, scripts: list[str],
+            tmp_path: Path) -> None:
+        with qs.Queen(f"sqlite://{tmp_path / 'reference.db'}", renew_thread=False) as reference:
+            expected = release(reference.engine, "r", self._renewed_unseen(reference.engine, "r"))
+        previous = self._renewed_unseen(engine, "one")
+        scripts.clear()
+        one_trip = release(engine, "one", previous)
+        assert any("qs_guard_row" in s for s in scripts), f"not the one-trip path: {scripts}"
+        assert one_trip == expected, f"one trip {one_trip}, the reference engine {expected}"
+        previous = self._renewed_unseen(engine, "two")
+        with contextlib.closing(PostgresEngine.from_url(url)) as forgetful:
+            scripts.clear()
+            two_trip = release(forgetful, "two", previous)  # remembers nothing: two trips
+            assert any(s.startswith("BEGIN") for s in scripts), f"not two trips: {scripts}"
+        assert two_trip == expected, f"two trips {two_trip}, the reference engine {expected}"
+        for name in ("one", "two"):
+            state = engine.call("locks", {"operations": [{"op": "get", "name": name}]})
+            assert state["results"][0]["held"] is not expected["released"], (name, state)

@@ -8,6 +8,7 @@ process judges everything.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import secrets
@@ -192,6 +193,79 @@ class TestProcesses:
             child.join(10)
         assert verdict[0] == "fenced out", verdict
         assert who == ("successor",), f"the stopped holder's write landed: {who}"
+
+
+def server_pids(server: PgServer) -> list[int]:
+    """The postmaster and every process it started (backends, checkpointer, ...)."""
+    with open(os.path.join(server.data, "postmaster.pid"), encoding="utf-8") as handle:
+        postmaster = int(handle.readline())
+    children = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(
+                f"/proc/{entry}/stat", encoding="utf-8") as handle:
+            if int(handle.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry))
+    return [postmaster, *children]
+
+
+@contextlib.contextmanager
+def frozen(server: PgServer) -> Iterator[None]:
+    """Every server process stopped: the kernel still ACKs, nothing answers."""
+    pids = server_pids(server)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+class TestStalledServer:
+    """A frozen server: every call gives up within its timeout, then the client recovers."""
+
+    @pytest.mark.parametrize("route", ["kv", "locks"])
+    def test_a_call_to_a_frozen_server_gives_up_within_its_timeout_and_works_after(
+            self, server: PgServer, route: str) -> None:
+        with qs.Queen(server.url, timeout=1, renew_thread=False) as q:
+            assert q.kv.put("ns", "k", 1, ttl="1m"), "the warm-up write failed"
+            call: Callable[[], Any] = (
+                (lambda: q.kv.put("ns", "k", 2, ttl="1m")) if route == "kv" else
+                (lambda: q.locks.acquire("stalled", ttl="1m")))
+            with frozen(server):
+                started = time.monotonic()
+                with pytest.raises(qs.EngineUnavailableError) as caught:
+                    call()
+                took = time.monotonic() - started
+            assert took < 1.6, f"the call blocked {took:.1f}s against a 1s timeout"
+            assert "within 1" in str(caught.value), caught.value
+            answer = call()
+            assert answer, f"the client did not recover after the server resumed: {answer}"
+
+    def test_every_call_on_a_frozen_server_is_bounded_even_one_needing_a_connection(
+            self, server: PgServer) -> None:
+        with qs.Queen(server.url, timeout=1, renew_thread=False) as q:
+            assert q.locks.get("x") is not None
+            with frozen(server):
+                for attempt in range(3):  # the first breaks the pooled session; the rest connect
+                    started = time.monotonic()
+                    with pytest.raises(qs.EngineUnavailableError):
+                        q.locks.get("x")
+                    took = time.monotonic() - started
+                    # libpq waits at least 2s to connect: that floor bounds a fresh session.
+                    assert took < 2.8, f"attempt {attempt} blocked {took:.1f}s"
+            assert q.locks.get("x")["held"] is False, "no recovery after the server resumed"
+
+
+    def test_waiting_for_a_release_on_a_frozen_server_falls_back_to_polling_in_time(
+            self, server: PgServer) -> None:
+        with qs.Queen(server.url, timeout=1, renew_thread=False) as q, frozen(server):
+            started = time.monotonic()
+            with q.engine.subscribe("stalled") as waiter:
+                took = time.monotonic() - started
+                assert waiter.wait(0.05) is False, "woken with nothing released"
+        assert took < 1.4, f"subscribing blocked {took:.1f}s against a 1s timeout"
 
 
 def test_a_lost_connection_is_retried_once_then_reported(server: PgServer) -> None:
