@@ -15,7 +15,7 @@ from __future__ import annotations
 from ._client import Locks, Queen, connect
 from ._default import default_client
 from ._durations import parse_duration
-from ._engine import Capabilities, Engine
+from ._engines.base import Capabilities, Engine
 from ._errors import (
     EngineError,
     EngineUnavailableError,
@@ -31,14 +31,13 @@ from ._errors import (
     StoreReplacedError,
     UnsupportedOperationError,
 )
-from ._kv import Kv
-from ._lock import Lock, current_lock
+from ._front.singleton import singleton_job
+from ._handle.kv import Kv
+from ._handle.lock import Lock, current_lock
+from ._handle.transaction import Transaction
 from ._metrics import Metrics
 from ._results import Holder, Result, RunResult
-from ._singleton import singleton_job
-from ._transaction import Transaction
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Capabilities",
@@ -76,6 +75,6 @@ __all__ = [
 
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext queen_sync``: register the ``%%lock NAME --ttl 10m`` cell magic."""
-    from ._magic import register
+    from ._front.magic import register
 
     register(ipython)

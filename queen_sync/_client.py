@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import queue
 import threading
-import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._durations import Duration, lifetime, wire_seconds
-from ._engine import Capabilities, Engine, engine_from_url
+from ._engines import engine_from_url
+from ._engines.base import Capabilities, Engine
 from ._errors import ProtocolError, QueenError
-from ._kv import Kv
-from ._lock import Lock
+from ._handle.kv import Kv
+from ._handle.lock import Lock
+from ._handle.renewer import Renewer
+from ._handle.transaction import Transaction
 from ._metrics import Metrics
 from ._ops import LockOps, check_int
-from ._renewer import Renewer
+from ._process import EXIT_BUDGET, forget, track
 from ._results import Result
-from ._transaction import Transaction
 
 log = logging.getLogger("queen_sync")
 
-_CLIENTS: weakref.WeakSet[Queen] = weakref.WeakSet()
-_EXIT_BUDGET = 3.0
 
 
 def default_url() -> str:
@@ -118,7 +116,7 @@ class Queen:
             queue.SimpleQueue())
         self._dispatcher: Optional[threading.Thread] = None
         self._dispatch_mutex = threading.Lock()
-        _CLIENTS.add(self)
+        track(self, close=self.close, after_fork_in_child=self._after_fork_in_child)
 
     # ---- handles -----------------------------------------------------------------------
 
@@ -241,7 +239,7 @@ class Queen:
 
     # ---- process life ------------------------------------------------------------------
 
-    def close(self, timeout: float = _EXIT_BUDGET) -> None:
+    def close(self, timeout: float = EXIT_BUDGET) -> None:
         """Release every lease this client's handles hold (bounded time), then close the engine."""
         if self._closed:
             return
@@ -251,7 +249,7 @@ class Queen:
             _bounded(lambda: self._release_all(held), timeout)
         self._closed = True
         self._engine.close()
-        _CLIENTS.discard(self)
+        forget(self)
 
     @staticmethod
     def _release_all(held: list[Lock]) -> None:
@@ -301,22 +299,3 @@ def _bounded(work: Callable[[], None], timeout: float) -> None:
         work()
         return
     worker.join(timeout)
-
-
-def _close_all_at_exit() -> None:
-    for client in list(_CLIENTS):
-        try:
-            client.close(timeout=_EXIT_BUDGET / max(1, len(_CLIENTS)))
-        except Exception:
-            log.warning("closing a client at exit failed; its leases expire by themselves",
-                        exc_info=True)
-
-
-def _after_fork_in_child() -> None:
-    for client in list(_CLIENTS):
-        client._after_fork_in_child()
-
-
-atexit.register(_close_all_at_exit)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import secrets
+import socket
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
@@ -71,6 +74,11 @@ def check_name(name: Any) -> str:
 
 def check_owner(owner: Any) -> str:
     return _text(owner, "owner", max_bytes=256, error=_lock_error)
+
+
+def mint_owner() -> str:
+    """A fresh owner identity: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 def check_int(value: Any, what: str, *, low: int, high: Optional[int] = None) -> int:

@@ -73,7 +73,7 @@ class Holder:
                 f"expires in {_expires_in(self.expires_at)})")
 
     def _repr_html_(self) -> str:
-        from ._html import holders_html
+        from ._notebook.html import holders_html
 
         return holders_html((self,))
 
@@ -82,7 +82,7 @@ class Holders(tuple[Holder, ...]):
     """A holder listing: a plain tuple of ``Holder`` that notebooks show as a table."""
 
     def _repr_html_(self) -> str:
-        from ._html import holders_html
+        from ._notebook.html import holders_html
 
         return holders_html(self)
 
@@ -108,6 +108,6 @@ class RunResult(Generic[T]):
         return self.acquired
 
     def _repr_html_(self) -> str:
-        from ._html import run_result_html
+        from ._notebook.html import run_result_html
 
         return run_result_html(self)

@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 HEAVY = ("requests", "urllib3", "psycopg", "psycopg_pool", "IPython", "asyncio")
-LAZY = ("queen_sync._cli", "queen_sync._magic", "queen_sync._supervision", "queen_sync._http",
-        "queen_sync._postgres", "argparse", "subprocess")
+LAZY = ("queen_sync._front.cli", "queen_sync._front.magic", "queen_sync._front.supervision",
+        "queen_sync._engines.http", "queen_sync._engines.postgres.engine", "argparse",
+        "subprocess")
 BUDGET_MS = 300.0  # a few times what it costs on a loaded 2-core machine
 
 

@@ -209,7 +209,7 @@ class TestTheMagicWithoutAKernel:
         monkeypatch.setenv("QUEEN_URL", sqlite_url)
 
     def test_the_cell_runs_in_the_namespace_and_its_last_value_comes_back(self) -> None:
-        from queen_sync._magic import run_locked_cell
+        from queen_sync._front.magic import run_locked_cell
 
         shell = PlainShell()
         value = run_locked_cell(shell, "job --ttl 1m --wait 0s",
@@ -218,7 +218,7 @@ class TestTheMagicWithoutAKernel:
 
     def test_a_busy_lock_prints_the_holder_and_skips_the_cell(
             self, sqlite_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-        from queen_sync._magic import run_locked_cell
+        from queen_sync._front.magic import run_locked_cell
 
         shell = PlainShell()
         with qs.Queen(sqlite_url) as other, other.lock("job", ttl="1m") as holder:
@@ -228,7 +228,7 @@ class TestTheMagicWithoutAKernel:
 
     @pytest.mark.parametrize("line", ["", "job --ttl soon", "job --wait later", "job --bogus"])
     def test_a_bad_line_is_a_value_error_naming_an_example(self, line: str) -> None:
-        from queen_sync._magic import run_locked_cell
+        from queen_sync._front.magic import run_locked_cell
 
         with pytest.raises(ValueError, match="%%lock"):
             run_locked_cell(PlainShell(), line, "pass")

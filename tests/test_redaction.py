@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pg_server import free_port
 
 import queen_sync as qs
-from queen_sync._engine import redact_url
+from queen_sync._engines.base import redact_url
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -111,7 +111,7 @@ def test_the_command_lines_stderr_never_shows_the_password(password: str) -> Non
 ])
 def test_every_quoting_of_a_password_in_a_driver_message_is_masked(text: str) -> None:
     pytest.importorskip("psycopg")
-    from queen_sync._postgres_errors import redact
+    from queen_sync._engines.postgres.errors import redact
 
     shown = redact(text)
     assert "s3cr" not in shown and "etpw" not in shown, shown

@@ -32,7 +32,7 @@ class TestThePublicSurface:
     def test_importing_queen_sync_does_not_import_requests_or_the_kit(self) -> None:
         code = ("import sys, queen_sync; "
                 "print(sorted(m for m in ('requests', 'responses', 'queen_sync.testing', "
-                "'queen_sync._http') if m in sys.modules))")
+                "'queen_sync._engines.http') if m in sys.modules))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True).stdout.strip()
         assert out == "[]", f"imported eagerly: {out}"

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 import queen_sync as qs
-from queen_sync._http_errors import _TRANSPORT, transport_error
+from queen_sync._engines.http_errors import _TRANSPORT, transport_error
 from queen_sync.testing import FakeBroker
 
 

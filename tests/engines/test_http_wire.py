@@ -15,7 +15,7 @@ import requests
 import responses
 
 import queen_sync as qs
-from queen_sync._sqlite import SqliteEngine
+from queen_sync._engines.sqlite import SqliteEngine
 
 BASE = "http://broker.test:6632"
 TOKEN = "s3cret-t0ken-value"

@@ -40,7 +40,7 @@ from model.matching import LEARNED_BASE, LEARNED_SPAN, Clocks, Matcher, OrderMap
 from model.reference import LOCKS_NS, Reference
 
 import queen_sync as qs
-from queen_sync._sqlite import SqliteEngine
+from queen_sync._engines.sqlite import SqliteEngine
 
 EXAMPLES = int(os.environ.get("QUEEN_SYNC_MODEL_EXAMPLES", "0")) or None
 STEPS = 40

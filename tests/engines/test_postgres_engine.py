@@ -24,11 +24,12 @@ import psycopg
 import psycopg_pool
 
 import queen_sync as qs
-from queen_sync import _postgres, _postgres_storage
-from queen_sync._postgres import PostgresEngine
-from queen_sync._postgres_guarded import GuardedTxn
-from queen_sync._postgres_txn import Plan
-from queen_sync._storage import StorageConflict
+from queen_sync._engines.postgres import engine as _postgres
+from queen_sync._engines.postgres import storage as _postgres_storage
+from queen_sync._engines.postgres.engine import PostgresEngine
+from queen_sync._engines.postgres.one_trip import GuardedTxn
+from queen_sync._engines.postgres.txn import Plan
+from queen_sync._engines.storage import StorageConflict
 
 pytestmark = pytest.mark.timeout(60)
 CTX = multiprocessing.get_context("spawn")
@@ -582,7 +583,7 @@ class TestTheTestServer:
 
 class TestPlans:
     def test_a_body_mixing_a_release_with_an_acquire_commits_durably(self) -> None:
-        from queen_sync._postgres_txn import plan_for
+        from queen_sync._engines.postgres.txn import plan_for
 
         release = {"op": "release", "name": "a", "token": 1}
         acquire = {"op": "acquire", "name": "b", "ttlSeconds": 5}

@@ -25,7 +25,7 @@ if not require_pg():
 import psycopg
 
 import queen_sync as qs
-from queen_sync import _postgres_storage
+from queen_sync._engines.postgres import storage as _postgres_storage
 
 pytestmark = pytest.mark.timeout(60)
 CTX = multiprocessing.get_context("spawn")

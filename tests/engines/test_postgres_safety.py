@@ -15,7 +15,7 @@ if not require_pg():
 import psycopg
 
 import queen_sync as qs
-from queen_sync._postgres_errors import translate
+from queen_sync._engines.postgres.errors import translate
 
 pytestmark = pytest.mark.timeout(90)
 MANY = 20_000  # past the shared lock table of a 300-connection server (64 x 300 locks)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import queen_sync as qs
-from queen_sync import _sqlite
+from queen_sync._engines import sqlite as _sqlite
 
 
 class TestTheFile:

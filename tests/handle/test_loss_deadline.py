@@ -13,7 +13,7 @@ import pytest
 from manual_clock import ManualClock
 
 import queen_sync as qs
-from queen_sync._engine import Engine
+from queen_sync._engines.base import Engine
 from queen_sync.testing import LocalBroker
 
 TTL = 1.5
@@ -180,7 +180,7 @@ class Replaced(Engine):
     kind = "sqlite"
 
     def __init__(self, url: str) -> None:
-        from queen_sync._engine import engine_from_url
+        from queen_sync._engines import engine_from_url
 
         self.inner = engine_from_url(url, {})
         self.replaced = False

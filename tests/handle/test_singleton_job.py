@@ -11,7 +11,8 @@ from typing import Any, Iterator, Optional
 import pytest
 
 import queen_sync as qs
-from queen_sync import _default, _singleton
+from queen_sync import _default
+from queen_sync._front import singleton as _singleton
 
 
 @pytest.fixture

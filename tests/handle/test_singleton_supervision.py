@@ -10,8 +10,9 @@ from typing import Any, Iterator, Mapping
 import pytest
 
 import queen_sync as qs
-from queen_sync import _supervision
-from queen_sync._engine import Engine, Waiter, engine_from_url
+from queen_sync._engines import engine_from_url
+from queen_sync._engines.base import Engine, Waiter
+from queen_sync._front import supervision as _supervision
 
 
 class CountingEngine(Engine):

@@ -1,0 +1,101 @@
+"""What every engine offers: the ``Engine`` base class, its capabilities and waiters."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Mapping, Protocol
+
+from .._errors import UnsupportedOperationError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so recipes and users can refuse one that lacks what they need.
+
+    Attributes:
+        fencing: tokens rise across release, expiry and restart; guarded writes are atomic.
+        engine_clock_expiry: expiry is judged by one clock (the engine's), not each client's.
+        queue_operations: transactions may push to and ack queues (the Queen broker only).
+        wake_on_release: a waiter is woken when a permit is released, instead of polling.
+        multi_host: clients on several machines can share it.
+        user_table_fencing: a lease can fence writes to the user's own tables (``lock.fence``).
+    """
+
+    fencing: bool = True
+    engine_clock_expiry: bool = True
+    queue_operations: bool = False
+    wake_on_release: bool = False
+    multi_host: bool = False
+    user_table_fencing: bool = False
+
+    def require(self, *names: str, engine: str = "this engine") -> None:
+        """Raise ``UnsupportedOperationError`` naming the first capability missing."""
+        known = {f.name for f in fields(self)}
+        for name in names:
+            if name not in known:
+                raise ValueError(f"unknown capability {name!r}; known: {sorted(known)}")
+            if not getattr(self, name):
+                raise UnsupportedOperationError(f"{engine} lacks {name}", capability=name)
+
+
+class Waiter(Protocol):
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when woken by a release."""
+
+
+class _Sleeper:
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
+        return False
+
+
+class Engine(abc.ABC):
+    """An engine answers the wire's bodies: ``call("locks"|"kv"|"transaction", body)``."""
+
+    kind: str = "engine"
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """Where it is, without credentials (safe to print and log)."""
+
+    @abc.abstractmethod
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one body to ``route`` and return the engine's answer."""
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        """A waiter woken when a permit of ``name`` is freed; plain sleeping by default."""
+        yield _Sleeper()
+
+    def after_fork(self) -> None:  # noqa: B027 - a no-op suits an engine that owns nothing
+        """Drop what the parent process owns (connections, sockets) in a forked child."""
+
+    def close(self) -> None:  # noqa: B027 - a no-op suits an engine that owns nothing
+        """Release the engine's resources."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+_SECRET_PARAMS = frozenset({"password", "sslpassword", "token", "bearer_token"})
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the address or the query) replaced, for logs and reprs.
+
+    Works on the address as text, so several ``host:port`` pairs are fine.
+    """
+    from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}" if at and ":" in userinfo else parts.netloc
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{quote(k)}={'***' if k.lower() in _SECRET_PARAMS else quote(v)}"
+                     for k, v in pairs)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))

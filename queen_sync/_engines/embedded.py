@@ -1,0 +1,411 @@
+"""The lock and KV semantics of the embedded engines, written once over ``Storage``.
+
+Each call (one ``locks``, ``kv`` or ``transaction`` body) is validated whole, then
+run as ONE storage transaction with the engine's clock read once, so expiry is
+judged at a single instant. Tokens are the store-wide version counter, which
+nothing clears: a token exceeds every token issued before it, whatever was
+released, expired or deleted in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, Sequence
+
+from .._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
+from .._ops import (
+    DEFAULT_PREFIX_LIMIT,
+    LOCKS_NS,
+    MAX_LIMIT,
+    check_kv_op,
+    check_lock_op,
+    guard_op,
+    mint_owner,
+    permit_key,
+)
+from .storage import Row, Storage, StorageConflict, StorageTxn
+
+log = logging.getLogger("queen_sync")
+
+_CONFLICT_RETRIES = 5
+
+
+class _Rollback(Exception):
+    """Raised inside a step to undo all of it; ``answer`` is what the call answers instead."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__("transaction precondition lost")
+        self.answer = answer
+
+
+class _Step:
+    """One storage transaction: the clock read once, and the lock names it freed."""
+
+    def __init__(self, txn: StorageTxn) -> None:
+        self.txn = txn
+        self.now = txn.now_ms()
+        self.freed: set[str] = set()
+
+    def live(self, ns: str, key: str) -> Optional[Row]:
+        row = self.txn.read(ns, key)
+        return row if row is not None and row.live_at(self.now) else None
+
+    def expires_at(self, op: Mapping[str, Any]) -> Optional[int]:
+        return None if op.get("forever") else self.now + int(op["ttlSeconds"]) * 1000
+
+    def write(self, row: Row) -> None:
+        self.txn.write(row)
+
+    def delete(self, ns: str, key: str) -> None:
+        self.txn.delete(ns, key)
+        if ns == LOCKS_NS and "#" in key:
+            self.freed.add(key.rsplit("#", 1)[0])
+
+
+class EmbeddedSemantics:
+    """Answers the wire's bodies from a ``Storage``; shared by the SQLite and PostgreSQL engines."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(body, Mapping):
+            raise TypeError(f"a {route} body must be a dict, got {type(body).__name__}")
+        if route == "locks":
+            ops = _operations(body, route)
+            for op in ops:
+                check_lock_op(op)
+            return {"results": self._run(lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
+        if route == "kv":
+            ops = _operations(body, route)
+            for op in ops:
+                check_kv_op(op)
+            return {"results": self._run(lambda step: _kv_results(step, ops))}
+        if route == "transaction":
+            kv_ops = _transaction_ops(body)
+            return dict(self._run(lambda step: _transaction(step, kv_ops)))
+        raise RequestError(f"unknown route {route!r}", code="bad_request")
+
+    def _run(self, work: Callable[[_Step], Any]) -> Any:
+        for _attempt in range(_CONFLICT_RETRIES):
+            try:
+                with self.storage.transaction() as txn:
+                    step = _Step(txn)
+                    answer = work(step)
+            except _Rollback as rollback:
+                return rollback.answer
+            except StorageConflict:
+                continue
+            if step.freed:
+                self.storage.notify_released(sorted(step.freed))
+            return answer
+        raise EngineUnavailableError("the store stayed contended; try again")
+
+
+def _operations(body: Mapping[str, Any], route: str) -> Sequence[Any]:
+    ops = body.get("operations")
+    if not isinstance(ops, list):
+        raise RequestError(f"a {route} body needs an 'operations' list", code="bad_request")
+    return ops
+
+
+def _transaction_ops(body: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    queue_ops = body.get("operations") or []
+    leases = body.get("requiredLeases") or []
+    if queue_ops or leases:
+        raise UnsupportedOperationError(
+            "queue pushes, acks and required leases exist only on a Queen broker "
+            "(an http:// or https:// URL); the embedded engines run KV-only transactions",
+            capability="queue_operations",
+        )
+    kv_ops = body.get("kv") or []
+    if not isinstance(kv_ops, list):
+        raise RequestError("a transaction's 'kv' must be a list", code="bad_request")
+    return [check_kv_op(op, in_transaction=True) for op in kv_ops]
+
+
+# ---- locks -------------------------------------------------------------------------------
+
+
+def _slot_of(row: Row) -> Optional[int]:
+    tail = row.key.rsplit("#", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _owner_of(row: Row) -> Optional[str]:
+    value = row.value
+    return value.get("owner") if isinstance(value, dict) else None
+
+
+def _permits(step: _Step, name: str) -> list[tuple[int, Row]]:
+    rows = step.txn.read_prefix(LOCKS_NS, name + "#", after=None, limit=4 * MAX_LIMIT,
+                                now_ms=step.now)
+    slotted = [(slot, row) for row in rows if (slot := _slot_of(row)) is not None]
+    return sorted(slotted, key=lambda pair: pair[0])
+
+
+def _holder(slot: int, row: Row) -> dict[str, Any]:
+    return {
+        "slot": slot,
+        "owner": _owner_of(row),
+        "token": row.version,
+        "since": row.created_at,
+        "expiresAt": row.expires_at,
+        "renewedAt": row.updated_at,
+    }
+
+
+def _holders(permits: Sequence[tuple[int, Row]]) -> list[dict[str, Any]]:
+    return [_holder(slot, row) for slot, row in permits]
+
+
+def _limit_of(row: Row) -> Optional[int]:
+    value = row.value
+    limit = value.get("limit") if isinstance(value, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def _refuse_other_limits(name: str, limit: int, permits: Sequence[tuple[int, Row]]) -> None:
+    # A lock and a semaphore on one name would each count only their own slots, so
+    # neither would exclude the other. Rows that record no limit predate the check.
+    for slot, row in permits:
+        held = _limit_of(row)
+        if held is not None and held != limit:
+            raise RequestError(
+                f"lock {name!r} is held with limit {held} (slot {slot}); an acquire with "
+                f"limit {limit} cannot share the name: use one limit per name",
+                code="lock_limit_mismatch")
+
+
+def _acquire(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    name, limit = op["name"], op.get("limit", 1)
+    owner = op.get("owner") or mint_owner()
+    permits = _permits(step, name)
+    _refuse_other_limits(name, limit, permits)
+    for slot, row in permits:
+        if _owner_of(row) == owner:
+            return {"acquired": True, "slot": slot, "token": row.version, "owner": owner,
+                    "guard": guard_op(name, slot, row.version), "already": True}
+    taken = {slot for slot, _ in permits}
+    free = next((s for s in range(limit) if s not in taken), None)
+    if free is None:
+        return {"acquired": False, "reason": "held", "holders": _holders(permits)}
+    token = step.txn.next_version()
+    step.write(Row(LOCKS_NS, permit_key(name, free), {"owner": owner, "limit": limit}, token,
+                   step.expires_at(op), step.now, step.now))
+    return {"acquired": True, "slot": free, "token": token, "owner": owner,
+            "guard": guard_op(name, free, token)}
+
+
+def _candidates(step: _Step, op: Mapping[str, Any]) -> list[tuple[int, Row]]:
+    if "slot" in op:
+        row = step.live(LOCKS_NS, permit_key(op["name"], op["slot"]))
+        return [(op["slot"], row)] if row is not None else []
+    return _permits(step, op["name"])
+
+
+def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    token, owner = op["token"], op.get("owner")
+    for slot, row in _candidates(step, op):
+        if row.version == token and owner in (None, _owner_of(row)):
+            new = step.txn.next_version()
+            step.write(Row(row.ns, row.key, row.value, new, step.expires_at(op), row.created_at,
+                           step.now, prev_version=token))
+            return {"renewed": True, "slot": slot, "token": new,
+                    "guard": guard_op(op["name"], slot, new)}
+        if owner is not None and owner == _owner_of(row) and row.prev_version == token:
+            # The owner resent a renew whose answer it never saw: answer the same permit.
+            step.write(Row(row.ns, row.key, row.value, row.version, step.expires_at(op),
+                           row.created_at, step.now, prev_version=row.prev_version))
+            return {"renewed": True, "slot": slot, "token": row.version,
+                    "guard": guard_op(op["name"], slot, row.version)}
+    return {"renewed": False, "reason": "lost", "holders": _holders(_permits(step, op["name"]))}
+
+
+def _release(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    for _slot, row in _candidates(step, op):
+        # The token before the last renew releases too: that renew's answer may never
+        # have reached its owner, who would otherwise strand the permit until its TTL.
+        if op["token"] in (row.version, row.prev_version):
+            step.delete(row.ns, row.key)
+            return {"released": True}
+    return {"released": False, "reason": "lost"}
+
+
+def _get_lock(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    holders = _holders(_permits(step, op["name"]))
+    return {"held": bool(holders), "holders": holders}
+
+
+_LOCK_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {
+    "acquire": _acquire,
+    "renew": _renew,
+    "release": _release,
+    "get": _get_lock,
+}
+
+
+# ---- key/value ---------------------------------------------------------------------------
+
+
+def _row_view(row: Row, *, with_value: bool = True) -> dict[str, Any]:
+    view: dict[str, Any] = {"key": row.key}
+    if with_value:
+        view["value"] = row.value
+    view.update(version=row.version, expiresAt=row.expires_at, updatedAt=row.updated_at)
+    return view
+
+
+def _kv_get(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    if row is None:
+        return {"found": False, "key": op["key"]}
+    return {"found": True, **_row_view(row)}
+
+
+def _kv_get_many(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    rows, missing = [], []
+    for key in op["keys"]:
+        row = step.live(op["ns"], key)
+        if row is None:
+            missing.append(key)
+        else:
+            rows.append(_row_view(row))
+    return {"rows": rows, "missing": missing}
+
+
+def _kv_get_prefix(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    limit = op.get("limit", DEFAULT_PREFIX_LIMIT)
+    rows = list(step.txn.read_prefix(op["ns"], op["prefix"], after=op.get("after"),
+                                     limit=limit + 1, now_ms=step.now))
+    truncated = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "rows": [_row_view(r, with_value=not op.get("keysOnly")) for r in rows],
+        "truncated": truncated,
+        "nextAfter": rows[-1].key if truncated else None,
+    }
+
+
+def _lost(reason: str, row: Optional[Row]) -> dict[str, Any]:
+    return {"applied": False, "reason": reason, "version": row.version if row else 0,
+            "value": row.value if row else None}
+
+
+def _expect_fails(op: Mapping[str, Any], row: Optional[Row]) -> Optional[dict[str, Any]]:
+    if "expect" not in op:
+        return None
+    if row is None:
+        return _lost("absent", None)
+    if row.version != op["expect"]:
+        return _lost("version", row)
+    return None
+
+
+def _store(step: _Step, op: Mapping[str, Any], value: Any, current: Optional[Row],
+           expires_at: Optional[int]) -> int:
+    version = step.txn.next_version()
+    created = current.created_at if current is not None else step.now
+    step.write(Row(op["ns"], op["key"], value, version, expires_at, created, step.now))
+    return version
+
+
+def _kv_put(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    lost = _expect_fails(op, row)
+    if lost is not None:
+        return lost
+    return {"applied": True, "version": _store(step, op, op["value"], row, step.expires_at(op))}
+
+
+def _kv_put_if_absent(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    if row is not None:
+        return _lost("exists", row)
+    return {"applied": True, "version": _store(step, op, op["value"], None, step.expires_at(op))}
+
+
+def _kv_delete(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    if row is None:
+        return _lost("absent", None)
+    lost = _expect_fails(op, row)
+    if lost is not None:
+        return lost
+    step.delete(op["ns"], op["key"])
+    return {"applied": True}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kv_incr(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    if row is not None and not _is_number(row.value):
+        return _lost("type", row)
+    base = row.value if row is not None else 0
+    value = base + op["delta"]
+    if ("max" in op and value > op["max"]) or ("min" in op and value < op["min"]):
+        return {"applied": False, "reason": "limit", "value": base,
+                "version": row.version if row else 0}
+    # The lifetime is set when the counter is created; later increments keep it.
+    expires_at = row.expires_at if row is not None else step.expires_at(op)
+    return {"applied": True, "value": value, "version": _store(step, op, value, row, expires_at)}
+
+
+def _kv_check(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    row = step.live(op["ns"], op["key"])
+    version = row.version if row is not None else 0
+    if version == op["expect"]:
+        return {"applied": True, "version": version}
+    return _lost("absent" if row is None else "version", row)
+
+
+_KV_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {
+    "get": _kv_get,
+    "getMany": _kv_get_many,
+    "getPrefix": _kv_get_prefix,
+    "put": _kv_put,
+    "putIfAbsent": _kv_put_if_absent,
+    "delete": _kv_delete,
+    "incr": _kv_incr,
+    "check": _kv_check,
+}
+
+
+def _kv_results(step: _Step, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A ``/kv`` batch: ops answer on their own, unless a ``required`` one does not apply.
+
+    Then nothing of the batch is written and the ops after it are not run; every
+    answer still lines up with its op, so a caller can tell which one failed.
+    """
+    results = []
+    for index, op in enumerate(ops):
+        result = {"index": index, **_KV_OPS[op["op"]](step, op)}
+        if op.get("required") and result.get("applied") is False:
+            raise _Rollback([
+                {**result, "failedIndex": index} if i == index else
+                {"index": i, "applied": False, "reason": "rolled_back", "failedIndex": index}
+                for i in range(len(ops))
+            ])
+        results.append(result)
+    return results
+
+
+def _transaction(step: _Step, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    results = []
+    for index, op in enumerate(ops):
+        result = _KV_OPS[op["op"]](step, op)
+        if op.get("required") and not result["applied"]:
+            raise _Rollback({
+                "success": False,
+                "reason": "kv_precondition",
+                "failedIndex": index,
+                "kvReason": result.get("reason"),
+                "version": result.get("version", 0),
+                "value": result.get("value"),
+            })
+        results.append({"index": index, **result})
+    return {"success": True, "kv": results}

@@ -1,0 +1,152 @@
+"""What went wrong on an HTTP call, translated to queen_sync's errors at the engine boundary.
+
+Two questions decide what the engine does with a failure:
+
+- did the request provably never reach the broker? Only a connection that was
+  never opened (refused, unresolvable, connect timeout) proves it; anything after
+  the bytes left (a reset, a read timeout, a body cut short) may have been applied;
+- what does the answer say? The broker's envelope is
+  ``{"error": code, "reason": id, "detail": prose}``; a proxy's is
+  ``{"error": prose, "code": code}``, often with ``Retry-After``.
+
+The API never sees a ``requests`` exception: each is mapped here, most specific
+type first, and chained with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from typing import Any, Optional
+
+import requests
+from urllib3.exceptions import NewConnectionError
+
+from .._errors import (
+    EngineError,
+    EngineUnavailableError,
+    ProtocolError,
+    QueenError,
+    QueenHttpError,
+    UnsupportedOperationError,
+)
+
+_SNIPPET = 120
+
+# (requests exception, how to describe it) -- most specific first.
+_TRANSPORT: tuple[tuple[type[BaseException], str], ...] = (
+    (requests.exceptions.SSLError, "TLS failed"),
+    (requests.exceptions.ConnectTimeout, "connect timed out"),
+    (requests.exceptions.ReadTimeout, "no answer in time"),
+    (requests.exceptions.ProxyError, "the proxy failed"),
+    (requests.exceptions.ChunkedEncodingError, "the answer was cut short"),
+    (requests.exceptions.ContentDecodingError, "the answer could not be decoded"),
+    (requests.exceptions.ConnectionError, "connection failed"),
+    (requests.exceptions.RequestException, "the request failed"),
+)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """True when the request provably never reached the broker (no connection was made)."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(exc, (requests.exceptions.ProxyError, requests.exceptions.SSLError)):
+        return False
+    if isinstance(exc, requests.exceptions.ConnectionError) and exc.args:
+        return isinstance(getattr(exc.args[0], "reason", None), NewConnectionError)
+    return False
+
+
+def transport_error(route: str, base: str, exc: requests.exceptions.RequestException
+                    ) -> QueenError:
+    """The queen_sync error for a ``requests`` exception raised while calling ``route``."""
+    what = next(text for kind, text in _TRANSPORT if isinstance(exc, kind))
+    message = f"{route} at {base}: {what} ({type(exc).__name__})"
+    error: QueenError
+    if isinstance(exc, (requests.exceptions.ChunkedEncodingError,
+                        requests.exceptions.ContentDecodingError)):
+        error = ProtocolError(message, route=route)
+    elif isinstance(exc, requests.exceptions.SSLError):
+        error = EngineError(message + "; check verify= (a CA bundle path) and the URL's host")
+    else:
+        error = EngineUnavailableError(message)
+    error.__cause__ = exc
+    return error
+
+
+def retry_after(response: requests.Response) -> Optional[float]:
+    """Seconds from ``Retry-After`` (a number or an HTTP date), None when absent or unreadable."""
+    raw = response.headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def snippet(response: requests.Response) -> str:
+    """What came back, short and on one line, for an error message."""
+    kind = response.headers.get("Content-Type", "no content type")
+    text = " ".join(response.text[:_SNIPPET].split())
+    more = "..." if len(response.text) > _SNIPPET else ""
+    return f"{kind} {text!r}{more}" if text else f"{kind}, empty body"
+
+
+def _envelope(response: requests.Response) -> dict[str, Optional[str]]:
+    """code/reason/detail from either envelope; empty when the body is not one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    if not isinstance(body, dict):
+        return {}
+
+    def text(key: str) -> Optional[str]:
+        value = body.get(key)
+        return value if isinstance(value, str) else None
+
+    if "code" in body:  # a proxy's: {"error": prose, "code": code}
+        return {"code": text("code"), "reason": text("reason"), "detail": text("error")}
+    return {"code": text("error"), "reason": text("reason"), "detail": text("detail")}
+
+
+def http_error(route: str, response: requests.Response) -> QueenError:
+    """The error for an answer with an HTTP error status.
+
+    A ``501`` whose code is ``unsupported_operation`` is the broker saying it lacks a
+    capability (``reason`` names it): that is ``UnsupportedOperationError``, as on
+    the embedded engines. Every other status is ``QueenHttpError``; when the body
+    carries no code, ``code`` is ``"http_<status>"`` so callers can always branch on it.
+    """
+    status = response.status_code
+    fields = _envelope(response)
+    code = fields.get("code") or f"http_{status}"
+    detail = fields.get("detail")
+    if status == 501 and code == "unsupported_operation":
+        return UnsupportedOperationError(detail or f"{route}: the broker cannot do this",
+                                         capability=fields.get("reason") or "unknown")
+    told = detail if detail else snippet(response)
+    return QueenHttpError(f"{route}: HTTP {status} {code}: {told}", status=status, code=code,
+                          reason=fields.get("reason"), detail=detail,
+                          retry_after=retry_after(response))
+
+
+def read_answer(route: str, response: requests.Response) -> dict[str, Any]:
+    """The JSON object a 2xx answer must be, or a ``ProtocolError`` naming what came back."""
+    try:
+        answer = response.json()
+    except (ValueError, json.JSONDecodeError):
+        raise ProtocolError(
+            f"{route}: HTTP {response.status_code} answered {snippet(response)}, "
+            "which is not JSON", route=route) from None
+    if not isinstance(answer, dict):
+        raise ProtocolError(f"{route}: HTTP {response.status_code} answered a JSON "
+                            f"{type(answer).__name__}, not an object", route=route)
+    return answer

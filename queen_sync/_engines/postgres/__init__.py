@@ -1,0 +1,1 @@
+"""The PostgreSQL engine: one database, many machines."""

@@ -1,0 +1,297 @@
+"""The PostgreSQL engine: one database shared by many machines, no broker.
+
+```python
+import queen_sync as qs
+
+with qs.Queen("postgresql://app@db.internal/app") as q:
+    with q.lock("nightly-etl", ttl="5m") as lock, psycopg.connect(DSN) as conn:
+        with conn.transaction():
+            lock.fence(conn)        # the write below commits only while this lease is held
+            conn.execute("UPDATE report SET ...")
+```
+
+The lock and key/value semantics are the embedded engines' (``_semantics``),
+run over ``PostgresStorage``: rows in a schema of their own (``queen_sync`` by
+default, ``?schema=name`` to choose), tokens from a sequence, expiry by the
+database clock. A release wakes waiters on any machine through LISTEN/NOTIFY.
+It needs PostgreSQL 11 or later, a user that may create the schema (or a schema
+created beforehand by one that may), and a session of its own per connection:
+connect directly or through a session-mode pooler, since it PREPAREs statements
+and LISTENs.
+
+URL options besides libpq's own: ``schema``, ``timeout`` (seconds per call and
+to connect), ``pool_min_size``, ``pool_max_size``. Everything else in the URL
+(hosts, ``sslmode``, ``target_session_attrs``, ...) goes to libpq unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import threading
+from typing import Any, Iterator, Mapping, Optional
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from ..._errors import LockLostError, RequestError
+from ..._ops import LOCKS_NS, check_lock_op, permit_key
+from ..base import Capabilities, Engine, Waiter, redact_url
+from ..embedded import EmbeddedSemantics
+
+try:
+    import psycopg
+    import psycopg.conninfo
+    from psycopg.pq import TransactionStatus
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "the PostgreSQL engine needs psycopg 3 and psycopg_pool: "
+        "pip install 'queen-sync[postgres]'") from exc
+
+from .errors import detail_of, secrets_of, translate
+from .listen import Listener
+from .storage import PostgresStorage
+
+log = logging.getLogger("queen_sync")
+
+DEFAULT_SCHEMA = "queen_sync"
+DEFAULT_TIMEOUT = 10.0
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
+_LISTEN_READY_WAIT = 2.0
+# Lock operations per transaction: far below the lock table of any server (64 entries per
+# connection by default), yet enough that a renewal pass costs few round trips.
+LOCKS_PER_TRANSACTION = 256
+
+
+def _timeouts(timeout: Any) -> tuple[float, float]:
+    """``(connect, per call)`` seconds from a number or a ``(connect, read)`` pair."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
+    if isinstance(timeout, (tuple, list)):
+        connect, call = (float(t) for t in timeout)
+    else:
+        connect = call = float(timeout)
+    if connect <= 0 or call <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return connect, call
+
+
+def public_url(url: str) -> str:
+    """``url`` without its password (in the address or the query), safe to print and log."""
+    return redact_url(url)
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The libpq URL and this engine's own query options, taken out of it.
+
+    libpq's options stay exactly as written: decoding and encoding them again would
+    turn a ``%20`` into a ``+``, which libpq reads as a plus sign.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unbalanced '[' in the address
+        raise RequestError(f"not a valid URL ({exc})", code="bad_url") from None
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise RequestError(f"not a PostgreSQL URL: {public_url(url)}", code="bad_url")
+    ours: dict[str, str] = {}
+    theirs = []
+    for field in filter(None, parts.query.split("&")):
+        key = unquote(field.partition("=")[0])
+        if key in _OWN_QUERY:
+            ours[key] = unquote(field.partition("=")[2])
+        else:
+            theirs.append(field)
+    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(theirs), ""))
+    return libpq, ours
+
+
+def _engine_url(libpq_url: str, schema: str) -> str:
+    url = public_url(libpq_url)
+    if schema != DEFAULT_SCHEMA:
+        url += ("&" if "?" in url else "?") + f"schema={schema}"
+    return url
+
+
+def _session_options(existing: Optional[str], call_timeout: float) -> str:
+    """Server settings for our sessions: no statement or lock wait outlives the call timeout.
+
+    The user's own ``options`` come last, so a setting they chose wins over ours.
+    """
+    ms = int(call_timeout * 1000)
+    ours = (f"-c statement_timeout={ms} -c lock_timeout={ms} "
+            f"-c idle_in_transaction_session_timeout={max(ms, 5000)}")
+    return f"{ours} {existing}" if existing else ours
+
+
+def build_conninfo(libpq_url: str, connect_timeout: float, call_timeout: float,
+                   where: str, secrets: frozenset[str] = frozenset()) -> str:
+    """A libpq connection string with this engine's defaults added to the user's settings."""
+    try:
+        params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(libpq_url)
+    except psycopg.Error as exc:
+        raise RequestError(f"bad PostgreSQL URL {where}: {detail_of(exc, secrets)}",
+                           code="bad_url") from exc
+    except UnicodeDecodeError:  # the exception holds the raw bytes: it is not chained
+        raise RequestError(f"bad PostgreSQL URL {where}: a percent-escape decodes to bytes "
+                           "that are not UTF-8", code="bad_url") from None
+    params.setdefault("application_name", "queen_sync")
+    params.setdefault("connect_timeout", str(max(1, math.ceil(connect_timeout))))
+    params.setdefault("tcp_user_timeout", str(int(call_timeout * 1000)))
+    params.setdefault("keepalives_idle", "30")
+    params["options"] = _session_options(params.get("options"), call_timeout)
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+class PostgresEngine(Engine):
+    """The wire's lock and KV semantics on a PostgreSQL database, shared by many machines.
+
+    Args:
+        url: ``postgresql://user[:password]@host[:port][,host2...]/db[?options]``.
+        schema: the schema to keep rows in (created on first use).
+        timeout: seconds per call and to connect, or a ``(connect, call)`` pair.
+        pool_min_size: connections kept open (shared by the caller and the renewer).
+        pool_max_size: connections the pool may open.
+    """
+
+    kind = "postgres"
+    capabilities = Capabilities(multi_host=True, wake_on_release=True, user_table_fencing=True)
+    OPTIONS = frozenset({"timeout", "schema", "pool_min_size", "pool_max_size"})
+
+    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA, timeout: Any = None,
+                 pool_min_size: int = 1, pool_max_size: int = 8) -> None:
+        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+            raise RequestError(
+                f"schema must be 1..63 lowercase letters, digits or '_', not starting with a "
+                f"digit; got {schema!r}", code="bad_url")
+        if not 0 <= pool_min_size <= pool_max_size or pool_max_size < 1:
+            raise ValueError("need 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1")
+        libpq_url, _ = split_url(url)
+        connect_timeout, call_timeout = _timeouts(timeout)
+        self._url = _engine_url(libpq_url, schema)
+        self._secrets = secrets_of(url)
+        conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url,
+                                  self._secrets)
+        self.storage = PostgresStorage(conninfo, where=self._url, schema=schema,
+                                       timeout=connect_timeout + call_timeout,
+                                       min_size=pool_min_size, max_size=pool_max_size,
+                                       secrets=self._secrets, call_timeout=call_timeout)
+        self._semantics = EmbeddedSemantics(self.storage)
+        self._listener: Optional[Listener] = None
+        self._mutex = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresEngine:
+        """The engine for a URL; explicit options win over the URL's query options."""
+        _, query = split_url(url)
+        conversions = {"schema": str, "timeout": float, "pool_min_size": int,
+                       "pool_max_size": int}
+        for key, value in query.items():
+            try:
+                options.setdefault(key, conversions[key](value))
+            except ValueError as exc:
+                raise RequestError(f"bad {key}={value!r} in the URL", code="bad_url") from exc
+        return cls(url, **options)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        ops = body.get("operations") if route == "locks" and isinstance(body, Mapping) else None
+        if isinstance(ops, list) and len(ops) > LOCKS_PER_TRANSACTION:
+            return self._call_in_chunks(ops)
+        return self._call_once(route, body)
+
+    def _call_once(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.storage.new_call(route, body)
+        try:
+            return self._semantics.call(route, body)
+        except psycopg.Error as exc:  # the storage translates; this catches any it missed
+            raise translate(exc, self._url, self._secrets) from exc
+
+    def _call_in_chunks(self, ops: list[Any]) -> dict[str, Any]:
+        """A big locks body as several transactions of a bounded size, each with its timeout.
+
+        One transaction per body would take a lock-table entry per name and outgrow the
+        server's lock table. A locks body's ops are independent on the wire, so each chunk
+        may commit on its own; every op is checked first, so a bad one commits nothing.
+        Should a chunk fail, those before it stay applied, and resending the body by the
+        same owner answers the same permits (a resent acquire or renew is safe).
+        """
+        for op in ops:
+            check_lock_op(op)
+        results: list[Any] = []
+        for start in range(0, len(ops), LOCKS_PER_TRANSACTION):
+            chunk = {"operations": ops[start:start + LOCKS_PER_TRANSACTION]}
+            results += self._call_once("locks", chunk)["results"]
+        return {"results": results}
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        """A waiter woken by LISTEN/NOTIFY when a permit of ``name`` is released."""
+        listener = self._listening()
+        with listener.subscribe(name) as waiter:
+            yield waiter
+
+    def _listening(self) -> Listener:
+        with self._mutex:
+            if self._listener is None:
+                self._listener = Listener(self.storage.connect, self.storage.sql.channel,
+                                          self.storage.bounded)
+            listener = self._listener
+        if not listener.ready(min(_LISTEN_READY_WAIT, self.storage.call_timeout)):
+            log.debug("LISTEN at %s is not ready; waiters fall back to polling", self._url)
+        return listener
+
+    def fence(self, conn: Any, *, name: str, slot: int, token: int) -> None:
+        """Inside ``conn``'s open transaction, hold this permit at ``token`` until it commits.
+
+        The permit row is checked live by the database clock at exactly ``token`` and
+        locked ``FOR KEY SHARE``: a new holder cannot take the slot, nor the holder release
+        it, before this transaction ends, while the holder's own renewals go on. So keep
+        fenced transactions short, give ``conn`` an ``idle_in_transaction_session_timeout``
+        (a stalled fenced transaction holds everybody else off the lock until it ends), and
+        release the lock after the transaction ends, not inside it.
+
+        Args:
+            conn: a psycopg 3 connection to the same database, inside a transaction.
+            name: the lock name.
+            slot: the permit's slot.
+            token: the token the caller holds.
+
+        Raises:
+            LockLostError: the permit is gone, expired, or at another token (reason ``guard``).
+            RequestError: ``conn`` is in autocommit mode outside a transaction block.
+        """
+        info = getattr(conn, "info", None)
+        if getattr(conn, "autocommit", False) and info is not None and (
+                info.transaction_status == TransactionStatus.IDLE):
+            raise RequestError("lock.fence(conn) needs an open transaction on conn "
+                               "(use `with conn.transaction():`)", code="fence_needs_transaction")
+        try:
+            with conn.cursor() as cur:
+                cur.execute(self.storage.sql.fence, (LOCKS_NS, permit_key(name, slot), token))
+                live = cur.fetchone() is not None
+        except psycopg.Error as exc:
+            raise translate(exc, self._url, self._secrets) from exc
+        if not live:
+            raise LockLostError(
+                f"lock {name!r} (slot {slot}) is no longer held at token {token}: the write "
+                "was fenced out", name=name, reason="guard", token=token)
+
+    def after_fork(self) -> None:
+        # A parent thread may have held the mutex at the fork: the child takes a fresh one.
+        self._mutex = threading.Lock()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.abandon()
+        self.storage.after_fork()
+
+    def close(self) -> None:
+        with self._mutex:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        self.storage.close()
+

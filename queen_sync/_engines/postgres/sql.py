@@ -1,0 +1,183 @@
+"""The SQL of the PostgreSQL storage, for one schema.
+
+The statements a body runs are PREPAREd once per pooled connection and sent as
+``EXECUTE name(...)``: parsing and planning them again on every call would cost
+the server more than running them. Statements that run rarely, or on a
+connection that is not ours (the caller's, for ``fence``), are sent as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import Any, Iterable, Sequence
+
+from ..._ops import LOCKS_NS
+
+SCHEMA_VERSION = 1
+COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
+# A body that only releases need not wait for the disk: a release lost in a crash only
+# lets the lease run out, and any later durable commit flushes it anyway.
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+CLOCK = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_ROW_TYPES = "text, text, json, bigint, bigint, bigint, bigint, bigint"
+# Past this many entities a body's entities are locked, and their rows fetched, by one
+# unprepared statement over arrays.
+FETCH_ONE_BY_ONE = 16
+
+Statement = tuple[str, Sequence[Any]]
+
+
+def signed32(value: int) -> int:
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+def channel_for(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of one schema (a short digest: channel names are capped)."""
+    return "queen_sync_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
+
+
+def _execute(name: str, arity: int) -> str:
+    return f"EXECUTE {name}({', '.join(['%s'] * arity)})" if arity else f"EXECUTE {name}"
+
+
+class Statements:
+    """The SQL of one schema (its name is validated by the engine, so quoting is safe).
+
+    Attributes ending in a statement name hold ``EXECUTE`` forms with ``%s`` placeholders;
+    ``prepare`` is the script that defines them on a new connection.
+    """
+
+    def __init__(self, schema: str) -> None:
+        s = f'"{schema}"'
+        kv = f"{s}.kv"
+        seq = f"nextval('{s}.version'::regclass)"
+        self.schema = schema
+        self.lock_class = signed32(zlib.crc32(f"queen_sync:{schema}".encode()))
+        self.channel = channel_for(schema)
+        self.ddl = (
+            f"CREATE SCHEMA IF NOT EXISTS {s};"
+            f"CREATE TABLE IF NOT EXISTS {kv} ("
+            ' ns text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, value json NOT NULL,'
+            " version bigint NOT NULL, expires_at bigint, created_at bigint NOT NULL,"
+            " updated_at bigint NOT NULL, prev_version bigint, PRIMARY KEY (ns, key));"
+            f"CREATE INDEX IF NOT EXISTS kv_expiry ON {kv} (expires_at)"
+            " WHERE expires_at IS NOT NULL;"
+            f"CREATE SEQUENCE IF NOT EXISTS {s}.version AS bigint;"
+            f"CREATE TABLE IF NOT EXISTS {s}.meta (name text PRIMARY KEY, value bigint NOT NULL);"
+            f"INSERT INTO {s}.meta (name, value) VALUES ('schema', {SCHEMA_VERSION})"
+            " ON CONFLICT (name) DO UPDATE SET value = GREATEST(meta.value, EXCLUDED.value)"
+        )
+        self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
+        self.migration_lock = "SELECT pg_advisory_xact_lock(%s, 0)"
+        # The array comes sorted and a function scan yields it in order, so the locks are
+        # taken in the one fixed order; were they not, a deadlock costs a retry, not safety.
+        self.lock_many = ("SELECT count(pg_advisory_xact_lock(%s, k))"
+                          " FROM unnest(%s::int[]) AS t(k)")
+        self.fence = (
+            f"SELECT 1 FROM {kv} WHERE ns = %s AND key = %s AND version = %s"
+            f" AND (expires_at IS NULL OR expires_at > ({CLOCK})) FOR KEY SHARE"
+        )
+        self.sweep = (
+            f"DELETE FROM {kv} WHERE (ns, key) IN (SELECT ns, key FROM {kv}"
+            " WHERE expires_at <= %s LIMIT 256 FOR UPDATE SKIP LOCKED)"
+        )
+        self.read_prefix_unbounded = (
+            f"SELECT {COLUMNS} FROM {kv} WHERE ns = %s AND key >= %s AND key > %s"
+            " AND starts_with(key, %s) AND (expires_at IS NULL OR expires_at > %s)"
+            " ORDER BY key LIMIT %s"
+        )
+        # One key range per entity, passed as arrays: a WHERE of N ORs costs the planner
+        # O(N^2). Each range is an index scan of its own (OFFSET 0 keeps the subquery from
+        # being flattened into a hash join, which would compare every row with every range).
+        self.fetch_ranges = (
+            f"SELECT k.* FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(ns, lo, hi),"
+            f" LATERAL (SELECT {COLUMNS} FROM {kv} WHERE ns = e.ns AND key >= e.lo"
+            " AND key < e.hi OFFSET 0) AS k"
+        )
+        prepared = {
+            "lock": ("int, int", "SELECT pg_advisory_xact_lock($1, $2)"),
+            "draw0": ("", f"SELECT ({CLOCK}), ARRAY[]::bigint[]"),
+            "draw1": ("", f"SELECT ({CLOCK}), ARRAY[{seq}]"),
+            "drawn": ("int", f"SELECT ({CLOCK}), ARRAY(SELECT {seq} FROM generate_series(1, $1))"),
+            "next_version": ("", f"SELECT {seq}"),
+            "fetch_name": ("text, text, text", f"SELECT {COLUMNS} FROM {kv} WHERE ns = $1"
+                           " AND key >= $2 AND key < $3"),
+            "read": ("text, text", f"SELECT {COLUMNS} FROM {kv} WHERE ns = $1 AND key = $2"),
+            "read_prefix": ("text, text, text, text, bigint, int",
+                            f"SELECT {COLUMNS} FROM {kv} WHERE ns = $1 AND key >= $2"
+                            " AND key < $3 AND key > $4 AND starts_with(key, $2)"
+                            " AND (expires_at IS NULL OR expires_at > $5) ORDER BY key LIMIT $6"),
+            # Divides by zero (failing the transaction) if the row vanished under its lock.
+            "update": (_ROW_TYPES, f"WITH u AS (UPDATE {kv} SET value = $3, version = $4,"
+                       " expires_at = $5, created_at = $6, updated_at = $7, prev_version = $8"
+                       " WHERE ns = $1 AND key = $2 RETURNING 1) SELECT 1 / count(*) FROM u"),
+            "insert": (_ROW_TYPES, f"INSERT INTO {kv} ({COLUMNS})"
+                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+            "delete_expired": ("text, text, bigint", f"DELETE FROM {kv} WHERE ns = $1"
+                               " AND key = $2 AND expires_at <= $3"),
+            "delete": ("text, text", f"DELETE FROM {kv} WHERE ns = $1 AND key = $2"),
+            "notify": ("text, text", "SELECT pg_notify($1, $2)"),
+            # Guards of a remembered read: divide by zero (failing the transaction) unless
+            # the row is still as remembered, judged live or expired alike at both clocks.
+            "guard_row": ("text, text, bigint, bigint, bigint, bigint, bigint, bigint",
+                          f"SELECT 1 / count(*) FROM {kv} WHERE ns = $1 AND key = $2"
+                          " AND version = $3 AND expires_at IS NOT DISTINCT FROM $4"
+                          " AND created_at = $5 AND updated_at = $6"
+                          " AND prev_version IS NOT DISTINCT FROM $7"
+                          f" AND (expires_at IS NULL OR expires_at > ({CLOCK}))"
+                          " = (expires_at IS NULL OR expires_at > $8)"),
+            "guard_absent": ("text, text", f"SELECT 1 / (1 - count(*)) FROM {kv}"
+                             " WHERE ns = $1 AND key = $2"),
+        }
+        self.prepare = ";".join(
+            f"PREPARE qs_{name}{f'({types})' if types else ''} AS {sql}"
+            for name, (types, sql) in prepared.items())
+        for name, (types, _) in prepared.items():
+            setattr(self, name, _execute(f"qs_{name}", len(types.split(",")) if types else 0))
+
+    # EXECUTE forms, set in __init__ (declared for the type checker).
+    lock: str
+    draw0: str
+    draw1: str
+    drawn: str
+    next_version: str
+    fetch_name: str
+    read: str
+    read_prefix: str
+    update: str
+    insert: str
+    delete_expired: str
+    delete: str
+    notify: str
+    guard_row: str
+    guard_absent: str
+
+    def draw(self, versions: int) -> Statement:
+        """The clock, and ``versions`` new versions (after the locks: above their holders')."""
+        if versions == 0:
+            return self.draw0, ()
+        if versions == 1:
+            return self.draw1, ()
+        return self.drawn, (versions,)
+
+    def fetch(self, entities: Sequence[str]) -> list[Statement]:
+        """Statements reading every row of these entities (lock names' permits, single keys)."""
+        if len(entities) <= FETCH_ONE_BY_ONE:
+            return [(self.fetch_name, (LOCKS_NS, e[1:] + "#", e[1:] + "$")) if e[0] == "L"
+                    else (self.read, tuple(e[1:].split("/", 1))) for e in entities]
+        return [self._fetch_all(entities)]
+
+    def _fetch_all(self, entities: Iterable[str]) -> Statement:
+        namespaces, lows, highs = [], [], []
+        for entity in entities:
+            if entity.startswith("L"):
+                ns, low, high = LOCKS_NS, entity[1:] + "#", entity[1:] + "$"
+            else:
+                # Only the key itself lies in [key, key + "\x01"): text never holds "\x00".
+                ns, low = entity[1:].split("/", 1)
+                high = low + "\x01"
+            namespaces.append(ns)
+            lows.append(low)
+            highs.append(high)
+        return self.fetch_ranges, [namespaces, lows, highs]

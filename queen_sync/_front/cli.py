@@ -1,0 +1,333 @@
+"""The ``queen-sync`` command line (also ``python -m queen_sync``).
+
+``run`` is ``flock -n`` across hosts: it takes the lease, runs the command with
+the lease in its environment, keeps the lease renewed while the command runs,
+stops the command when the lease is lost, and releases the lease when the
+command ends. ``holders``, ``release`` and ``ping`` are for operators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import secrets
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from .._durations import parse_duration
+from .._errors import EngineError, QueenError
+from .cli_child import Child
+from .singleton import LOST_EXIT_CODE, _utc, describe_holders
+
+if TYPE_CHECKING:
+    from .._client import Queen
+    from .._handle.lock import Lock
+    from .._results import Holder
+
+EX_BUSY = 75  # EX_TEMPFAIL: somebody else holds it, try again later
+EX_UNAVAILABLE = 69  # EX_UNAVAILABLE: the engine could not be reached
+EX_NOT_RELEASED = 1
+
+_EPILOG = """\
+examples:
+  queen-sync run daily-report --ttl 1m -- sh -c 'echo "holding with token $QUEEN_LOCK_TOKEN"'
+  queen-sync holders daily-report --json
+  queen-sync release daily-report --token 42
+  queen-sync ping
+
+The engine is --url, else $QUEEN_URL, else an SQLite file in the user's state
+directory (~/.local/state/queen_sync/queen.db): sqlite:///path.db,
+http(s)://host:6632 (a Queen broker) or postgresql://user@host/db.
+
+exit codes: 0 ok (run: the command's own code; a command killed by signal N: 128+N),
+  1 nothing released, 2 bad usage, 69 engine unreachable,
+  75 busy (run, changeable with --busy-exit-code), 76 run: the lease was lost and the
+  command was stopped, 126/127 run: the command could not be executed / was not found.
+"""
+
+_RUN_EPILOG = f"""\
+examples:
+  queen-sync run daily-report --ttl 1m -- sh -c 'echo "$QUEEN_LOCK_NAME token $QUEEN_LOCK_TOKEN"'
+  queen-sync run nightly-etl --ttl 5m --wait 30s -- python -c "print('etl done')"
+  queen-sync run crawler --limit 2 --ttl 30s -- sh -c 'echo "slot $QUEEN_LOCK_SLOT"'
+
+The command gets QUEEN_LOCK_NAME, QUEEN_LOCK_OWNER, QUEEN_LOCK_TOKEN (the fencing
+token when it started: hand it to sinks that refuse older tokens) and
+QUEEN_LOCK_SLOT. It runs in its own process group; SIGINT, SIGTERM, SIGHUP and
+SIGQUIT sent to queen-sync are forwarded to it; after a forwarded SIGTERM or SIGINT
+the group gets SIGKILL if it is still running --grace later. When the lease is lost
+the group gets SIGTERM, then SIGKILL after --grace. If queen-sync itself is killed
+(kill -9, the OOM killer), the group gets SIGKILL at once. If it is stopped (SIGSTOP,
+Ctrl-Z) the command runs on unrenewed; once continued past the TTL it stops the command
+and exits 76. A failed final release only warns: the lease expires within its TTL.
+
+exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
+is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease
+was lost and the command was stopped; 126/127 when it could not be executed / found;
+{EX_UNAVAILABLE} when the engine could not be reached.
+"""
+
+_HOLDERS_EPILOG = """\
+examples:
+  queen-sync holders daily-report
+  queen-sync holders daily-report nightly-etl --json
+"""
+
+_RELEASE_EPILOG = """\
+examples:
+  queen-sync release daily-report --token 42
+  queen-sync release crawler --token 57 --slot 1
+
+Break-glass for operators: frees the permit held at that token (see `holders`).
+A token that is neither the live one nor the one its last renew replaced releases nothing
+(exit code 1).
+"""
+
+_PING_EPILOG = """\
+examples:
+  queen-sync ping
+  queen-sync ping --json
+
+Acquires and releases a probe lock, and prints the engine, its URL (without
+credentials) and the round trip.
+"""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
+def duration_arg(what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, what=what)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
+
+
+def wait_arg(text: str) -> float:
+    """A ``--wait`` value: a duration, or zero in any spelling (``0``, ``0s``) for no wait."""
+    if re.fullmatch(r"\s*0+(\.0*)?(ms|s|m|h|d)?\s*", text):
+        return 0.0
+    return duration_arg("--wait")(text)
+
+
+def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"must be {low}..{high}, got {value}" if high is not None
+                else f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (``--url``/``--json`` go before or after it)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS,
+                        help="engine URL (default: $QUEEN_URL, else the embedded SQLite file)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
+    parser = argparse.ArgumentParser(
+        prog="queen-sync", parents=[common], formatter_class=_Help, epilog=_EPILOG,
+        description="Leases with fencing tokens from the shell: run a command under a lock "
+                    "shared across hosts, list and release holders, check the engine.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser(
+        "run", parents=[common], formatter_class=_Help, epilog=_RUN_EPILOG,
+        usage="queen-sync run NAME [--ttl 5m] [--wait 30s] [--limit N] [--busy-exit-code 75] "
+              "[--grace 10s] -- CMD [ARGS...]",
+        help="run a command while holding a lease (like flock -n, across hosts)",
+        description="Run CMD while holding the lease NAME; exit 75 at once when it is busy.")
+    run.add_argument("name", metavar="NAME")
+    run.add_argument("--ttl", type=duration_arg("--ttl"), default=300.0,
+                     help="lease lifetime, renewed at a third of it (default 5m)")
+    run.add_argument("--wait", type=wait_arg, default=0.0,
+                     help="how long to wait for a busy lease (default 0: do not wait)")
+    run.add_argument("--limit", type=_int(1, 1024), default=1,
+                     help="permits of NAME (a semaphore when > 1; default 1)")
+    run.add_argument("--busy-exit-code", type=_int(0, 255), default=EX_BUSY,
+                     help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
+    run.add_argument("--grace", type=duration_arg("--grace"), default=10.0,
+                     help="how long the command has to stop after a lost lease or a forwarded "
+                          "SIGTERM/SIGINT before SIGKILL (default 10s)")
+    holders = commands.add_parser(
+        "holders", parents=[common], formatter_class=_Help, epilog=_HOLDERS_EPILOG,
+        help="list who holds the named locks",
+        description="List the live permits of each NAME: slot, owner, token, since, expires in.")
+    holders.add_argument("names", metavar="NAME", nargs="+")
+    release = commands.add_parser(
+        "release", parents=[common], formatter_class=_Help, epilog=_RELEASE_EPILOG,
+        help="release a permit by its token (break-glass)",
+        description="Release the permit of NAME held at TOKEN.")
+    release.add_argument("name", metavar="NAME")
+    release.add_argument("--token", type=_int(1), required=True, help="the holder's token")
+    release.add_argument("--slot", type=_int(0, 1023), default=None, help="the permit's slot")
+    commands.add_parser(
+        "ping", parents=[common], formatter_class=_Help, epilog=_PING_EPILOG,
+        help="check the engine: one acquire and release of a probe lock",
+        description="Round-trip an acquire and a release on a probe lock.")
+    return parser
+
+
+class _OneLine(logging.Formatter):
+    """Log lines for an operator's terminal: an error's own message, never a traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"queen-sync: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            line += f" ({record.exc_info[1]})"
+        return line
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the process exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in words and "run" in words[:words.index("--")]:
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(words)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "run" and not command:
+        parser.error("run needs the command after --, e.g. "
+                     "queen-sync run daily-report --ttl 1m -- python job.py")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    logger = logging.getLogger("queen_sync")
+    logger.addHandler(handler)
+    try:
+        return _dispatch(args, command)
+    except EngineError as exc:
+        print(f"queen-sync: engine unavailable: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except (QueenError, ValueError) as exc:  # e.g. a lock name the engine refuses
+        print(f"queen-sync: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        logger.removeHandler(handler)
+
+
+def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
+    from .._client import Queen
+
+    as_json = bool(getattr(args, "json", False))
+    with Queen(getattr(args, "url", None)) as client:
+        if args.command == "run":
+            return _run(client, args, command, as_json)
+        if args.command == "holders":
+            return _holders(client, args.names, as_json)
+        if args.command == "release":
+            return _release(client, args.name, args.token, args.slot, as_json)
+        return _ping(client, as_json)
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: bool) -> int:
+    if args.limit > 1:
+        lock = client.semaphore(args.name, args.limit, ttl=args.ttl)
+    else:
+        lock = client.lock(args.name, ttl=args.ttl)
+    if not lock.acquire(wait=args.wait):
+        print(f"queen-sync: {args.name!r} is busy: {describe_holders(lock.holders)}",
+              file=sys.stderr)
+        if as_json:
+            _print_json({"name": args.name, "acquired": False,
+                         "holders": [_holder_json(args.name, h) for h in lock.holders]})
+        return int(args.busy_exit_code)
+    try:
+        return Child(lock, command, args.grace).run()
+    finally:
+        _final_release(lock)
+
+
+def _final_release(lock: Lock) -> None:
+    """Give the lease back; a failure warns and never replaces the command's exit code."""
+    try:
+        lock.release()
+    except EngineError as exc:
+        # The command has run; turning its status into "engine unavailable" would make a
+        # scheduler retry finished work. The lease ends on its own at its TTL anyway.
+        print(f"queen-sync: warning: could not release the lease on {lock.name!r} ({exc}); "
+              f"it will expire by itself within its {lock.ttl:g}s TTL", file=sys.stderr)
+
+
+# ---- holders, release, ping -----------------------------------------------------------------
+
+
+def _holder_json(name: str, holder: Holder) -> dict[str, Any]:
+    expires_in = holder.expires_in
+    return {"name": name, "slot": holder.slot, "owner": holder.owner, "token": holder.token,
+            "since": _utc(holder.since), "since_ms": holder.since,
+            "expires_at_ms": holder.expires_at,
+            "expires_in": None if expires_in is None else round(max(0.0, expires_in), 3)}
+
+
+def _holders(client: Queen, names: list[str], as_json: bool) -> int:
+    from .._results import holders_from_wire
+
+    rows = [_holder_json(name, h) for name in names
+            for h in holders_from_wire(client.locks.get(name).get("holders"))]
+    if as_json:
+        _print_json(rows)
+        return 0
+    header = ("NAME", "SLOT", "OWNER", "TOKEN", "SINCE", "EXPIRES IN")
+    table = [header] + [
+        (r["name"], str(r["slot"]), str(r["owner"]), str(r["token"]), r["since"],
+         "never" if r["expires_in"] is None else f"{r['expires_in']:.1f}s") for r in rows]
+    free = [name for name in names if not any(r["name"] == name for r in rows)]
+    if rows:
+        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        for line in table:
+            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    for name in free:
+        print(f"{name}: free")
+    return 0
+
+
+def _release(client: Queen, name: str, token: int, slot: Optional[int], as_json: bool) -> int:
+    answer = client.locks.release(name, token=token, slot=slot)
+    if as_json:
+        _print_json({"name": name, "token": token, **answer})
+    elif answer:
+        print(f"released {name!r} (token {token})")
+    else:
+        print(f"nothing released: token {token} is not a live permit of {name!r} "
+              f"({answer.get('reason')})", file=sys.stderr)
+    return 0 if answer else EX_NOT_RELEASED
+
+
+def _ping(client: Queen, as_json: bool) -> int:
+    probe = f"queen-sync.ping.{secrets.token_hex(4)}"
+    started = time.perf_counter()
+    answer = client.locks.acquire(probe, ttl_seconds=10)
+    released = bool(answer) and bool(client.locks.release(probe, token=int(answer["token"]),
+                                                          slot=answer.get("slot")))
+    latency_ms = (time.perf_counter() - started) * 1000
+    ok = bool(answer) and released
+    if as_json:
+        _print_json({"ok": ok, "engine": client.engine.kind, "url": client.url,
+                     "latency_ms": round(latency_ms, 3)})
+    else:
+        verdict = "ok" if ok else "FAILED"
+        print(f"{verdict}: {client.engine.kind} at {client.url}, acquire + release in "
+              f"{latency_ms:.1f} ms")
+    return 0 if ok else 1
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=None, sort_keys=True))

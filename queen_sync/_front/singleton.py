@@ -1,0 +1,396 @@
+"""``@singleton_job``: a function that runs on at most one process at a time, fleet-wide.
+
+```python
+import queen_sync as qs
+
+@qs.singleton_job("daily-report", ttl="2m")
+def daily_report() -> int:
+    lock = qs.current_lock()          # the lease this run holds; fence writes with it
+    assert lock is not None and lock.held
+    return 42
+
+print(daily_report())                 # 42, or None (and a log line) when another copy holds it
+```
+
+What it guarantees: while one call holds the lease no other call (any thread,
+process or host sharing the engine) starts the body; the lease is released on
+return and on exception; with ``once_per`` a period's completion is recorded in
+a transaction guarded by the lease, so at most one completion per period is
+recorded fleet-wide. What it does not: stop a body that kept running after its
+lease expired from doing side effects; fence those with ``lock.token`` or
+``transaction().guard(lock)`` (``on_lost="interrupt"`` narrows the window, it
+cannot close it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterator,
+    Literal,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+    overload,
+)
+
+from typing_extensions import Concatenate, ParamSpec
+
+from .._durations import Duration, parse_duration
+from .._errors import LockBusyError, LockLostError, LockNotHeldError
+from .._handle.lock import Lock, wait_seconds
+from .._ops import check_name
+from .._results import Holder, Result
+
+if TYPE_CHECKING:
+    from .._client import Queen
+    from .supervision import Supervisor
+
+log = logging.getLogger("queen_sync")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+OnBusy = Literal["skip", "raise", "wait"]
+OnLost = Union[Literal["interrupt", "exit", "ignore"], Callable[[Lock], Any]]
+
+# Exit code of a process ended because its lease was lost (on_lost="exit", queen-sync run):
+# distinct from 75 (busy), 1/2 (common failures), 126/127 (shell) and 128+n (signals).
+LOST_EXIT_CODE = 76
+
+ONCE_NS = "queen-jobs"
+_ON_BUSY = ("skip", "raise", "wait")
+_ON_LOST = ("interrupt", "exit", "ignore")
+_wall: Callable[[], float] = time.time  # the wall clock periods are cut on (tests replace it)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: Optional[str]
+    ttl: float
+    wait: float
+    on_busy: str
+    on_lost: OnLost
+    queen: Optional[Queen]
+    bind: bool
+    once_per: Optional[float]
+    supervision: Optional[str]
+
+
+def describe_holders(holders: Sequence[Holder]) -> str:
+    """``slot 0 held by OWNER since 12:00:01 UTC, expires in 55.0s`` for each holder."""
+    if not holders:
+        return "no holder reported"
+    return "; ".join(
+        f"slot {h.slot} held by {h.owner} since {_utc(h.since)}, expires in "
+        f"{'never' if h.expires_in is None else f'{max(0.0, h.expires_in):.1f}s'} "
+        f"(token {h.token})"
+        for h in holders)
+
+
+def _utc(epoch_ms: float) -> str:
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@overload
+def singleton_job(name: Callable[P, T], /) -> Callable[P, Optional[T]]: ...
+
+
+@overload
+def singleton_job(name: Optional[str] = None, *, ttl: Duration = 60, wait: Duration = 0,
+                  on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
+                  queen: Optional[Queen] = None, bind: Literal[False] = False,
+                  once_per: Optional[Duration] = None, supervision: Optional[str] = None,
+                  ) -> Callable[[Callable[P, T]], Callable[P, Optional[T]]]: ...
+
+
+@overload
+def singleton_job(name: Optional[str] = None, *, ttl: Duration = 60, wait: Duration = 0,
+                  on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
+                  queen: Optional[Queen] = None, bind: Literal[True],
+                  once_per: Optional[Duration] = None, supervision: Optional[str] = None,
+                  ) -> Callable[[Callable[Concatenate[Lock, P], T]],
+                                Callable[P, Optional[T]]]: ...
+
+
+def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
+                  on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
+                  queen: Optional[Queen] = None, bind: bool = False,
+                  once_per: Optional[Duration] = None, supervision: Optional[str] = None,
+                  ) -> Any:
+    """Run the decorated function only while holding the lease ``name``.
+
+    Use it bare (``@singleton_job``: the name is the function's module and
+    qualified name) or with arguments. The wrapper keeps the function's signature
+    and returns its value, or None when the call was skipped.
+
+    Args:
+        name: the lock name, shared by every copy of the job on every host.
+        ttl: the lease's lifetime; renewed at a third of it while the body runs, so
+            it only bounds how long a crashed holder keeps others out (default 1 minute).
+        wait: how long to wait for a busy lease before ``on_busy`` applies.
+        on_busy: ``"skip"`` logs who holds it (owner, since, expires) and returns
+            None; ``"raise"`` raises ``LockBusyError`` with the holders; ``"wait"``
+            waits up to ``wait`` (required then) and raises ``LockBusyError`` after.
+        on_lost: ``"interrupt"`` raises ``LockLostError`` in the body when it runs in
+            the main thread (elsewhere it only logs and sets ``lock.lost``);
+            ``"exit"`` logs and ends the process with exit code 76; ``"ignore"``
+            only sets ``lock.lost``; a callable is called with the lock.
+        queen: the client; None uses ``queen_sync.default_client()`` at call time.
+        bind: pass the lock as the first argument (for plain functions; a method
+            reads ``queen_sync.current_lock()`` instead).
+        once_per: run at most once per period (e.g. ``"1d"``: one UTC day) across
+            the fleet: a call in a period already completed skips, logging when and
+            by whom it ran.
+        supervision: a group name: publish the job's status into the KV namespace
+            ``queen-supervisor`` while it runs (off by default: no thread, no traffic).
+
+    Raises:
+        TypeError, ValueError: at decoration, for a bad argument (nothing is sent).
+    """
+    if callable(name) and not isinstance(name, str):
+        return _decorate(_spec(None, ttl, wait, on_busy, on_lost, queen, bind, once_per,
+                               supervision), name)
+    spec = _spec(name, ttl, wait, on_busy, on_lost, queen, bind, once_per, supervision)
+    return functools.partial(_decorate, spec)
+
+
+def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_lost: OnLost,
+          queen: Optional[Queen], bind: bool, once_per: Optional[Duration],
+          supervision: Optional[str]) -> _Spec:
+    from .._client import Queen
+
+    if name is not None:
+        check_name(name)
+    if on_busy not in _ON_BUSY:
+        raise ValueError(f"on_busy must be one of {_ON_BUSY}, got {on_busy!r}")
+    if not callable(on_lost) and on_lost not in _ON_LOST:
+        raise ValueError(f"on_lost must be one of {_ON_LOST} or a callable, got {on_lost!r}")
+    waiting = wait_seconds(wait)
+    if on_busy == "wait" and waiting <= 0:
+        raise ValueError('on_busy="wait" needs wait= (how long to wait), e.g. wait="30s"')
+    if queen is not None and not isinstance(queen, Queen):
+        raise TypeError(f"queen must be a queen_sync.Queen or None, not {type(queen).__name__}")
+    if not isinstance(bind, bool):
+        raise TypeError("bind must be True or False")
+    if supervision is not None and (not isinstance(supervision, str) or not supervision):
+        raise ValueError("supervision must be a non-empty group name")
+    period = parse_duration(once_per, what="once_per") if once_per is not None else None
+    return _Spec(name, parse_duration(ttl, what="ttl"), waiting, on_busy, on_lost, queen, bind,
+                 period, supervision)
+
+
+def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
+    if not callable(fn):
+        raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
+    name = spec.name or f"{fn.__module__}.{fn.__qualname__}"
+    check_name(name)
+    supervisor: Optional[Supervisor] = None
+    if spec.supervision is not None:
+        from .supervision import Supervisor
+
+        supervisor = Supervisor(spec.supervision, name)
+
+    @functools.wraps(fn)
+    def job(*args: Any, **kwargs: Any) -> Optional[T]:
+        return _call(spec, name, fn, supervisor, args, kwargs)
+
+    return job
+
+
+def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Supervisor],
+          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[T]:
+    from .._default import default_client
+
+    client = spec.queen if spec.queen is not None else default_client()
+    period = _Period(name, spec.once_per) if spec.once_per is not None else None
+    if period is not None and period.done(client):
+        return None
+    lock = client.lock(name, ttl=spec.ttl, wait=spec.wait)
+
+    def body() -> Optional[T]:
+        if period is not None and period.done(client):
+            return None
+        with _on_lost(spec, lock), _supervised(supervisor, client):
+            value = fn(lock, *args, **kwargs) if spec.bind else fn(*args, **kwargs)
+        if period is not None:
+            period.record(client, lock)
+        return value
+
+    outcome = lock.run(body)
+    if outcome.acquired:
+        return outcome.value
+    busy = describe_holders(outcome.holders)
+    if spec.on_busy == "skip":
+        log.info("job %r skipped: lock is busy: %s", name, busy)
+        return None
+    raise LockBusyError(f"job {name!r} did not run: lock is busy: {busy}", name=name,
+                        holders=outcome.holders)
+
+
+@contextlib.contextmanager
+def _supervised(supervisor: Optional[Supervisor], client: Queen) -> Iterator[None]:
+    if supervisor is None:
+        yield
+        return
+    with supervisor.running(client):
+        yield
+
+
+# ---- loss -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
+    """Install the job's reaction to a lost lease for the time the body runs."""
+    action = spec.on_lost
+    if callable(action):
+        react = action
+        lock.on_lost(lambda _reason: react(lock))
+    elif action == "exit":
+        lock.on_lost(lambda reason: _exit_lost(lock, reason))
+    if action != "interrupt":
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        lock.on_lost(lambda reason: log.warning(
+            "job %r lost its lease (%s) in a thread that cannot be interrupted; "
+            "lock.lost is set", lock.name, reason))
+        yield
+        return
+    with _Interrupter(lock) as interrupter:
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if not interrupter.fired:
+                raise
+            raise LockLostError(f"job {lock.name!r} stopped: its lease was lost "
+                                f"({lock.lost_reason})", name=lock.name,
+                                reason=lock.lost_reason, token=lock._last_token) from exc
+
+
+def _exit_lost(lock: Lock, reason: str) -> None:
+    log.critical("job %r lost its lease (%s); ending the process with exit code %d",
+                 lock.name, reason, LOST_EXIT_CODE)
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(LOST_EXIT_CODE)
+
+
+class _Interrupter:
+    """While the body runs in the main thread, a lost lease interrupts it.
+
+    The loss handler sends SIGINT to the main thread (a real signal wakes a
+    blocking sleep or read); this SIGINT handler turns OUR interrupt into a
+    ``KeyboardInterrupt`` that the wrapper converts to ``LockLostError``, and hands
+    any other SIGINT (a real Ctrl-C) to the handler that was there before.
+    """
+
+    def __init__(self, lock: Lock) -> None:
+        self._lock = lock
+        self._mutex = threading.Lock()
+        self._active = False
+        self._pending = False
+        self.fired = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupter:
+        self._previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        self._active = True
+        self._lock.on_lost(self._lost)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._active = False
+        with self._mutex:  # an interrupt being sent now lands while our handler is in place
+            pass
+        signal.signal(signal.SIGINT, self._previous)  # runs pending handlers first
+
+    def _lost(self, reason: str) -> None:
+        with self._mutex:
+            if not self._active:
+                return
+            self._pending = True
+            if hasattr(signal, "pthread_kill"):
+                ident = threading.main_thread().ident
+                assert ident is not None
+                signal.pthread_kill(ident, signal.SIGINT)
+            else:  # pragma: no cover - platforms without pthread_kill
+                import _thread
+
+                _thread.interrupt_main()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._pending:
+            self._pending = False
+            if self._active:
+                self.fired = True
+                raise KeyboardInterrupt
+            return
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
+# ---- once per period ------------------------------------------------------------------------
+
+
+class _Period:
+    """The fleet-wide record that a job completed in the current period."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name = name
+        self.seconds = seconds
+        self.index = math.floor(_wall() / seconds)
+        self.key = f"{name}#once#{seconds:g}#{self.index}"
+
+    def done(self, client: Queen) -> bool:
+        found = client.kv.get(ONCE_NS, self.key)
+        if not found:
+            return False
+        value = found.get("value") or {}
+        finished = value.get("finished") if isinstance(value, dict) else None
+        when = _utc(finished) if isinstance(finished, (int, float)) else "an unknown time"
+        who = value.get("owner") if isinstance(value, dict) else None
+        log.info("job %r skipped: it already ran in this %s period, finished at %s by %s",
+                 self.name, _span(self.seconds), when, who or "an unknown owner")
+        return True
+
+    def record(self, client: Queen, lock: Lock) -> None:
+        started = self.index * self.seconds
+        value = {"owner": lock.owner, "token": lock.token, "finished": int(_wall() * 1000),
+                 "period_start": int(started * 1000)}
+        lifetime = max(1, math.ceil(started + 2 * self.seconds - _wall()))
+        try:
+            answer = (client.transaction().guard(lock)
+                      .once(ONCE_NS, self.key, value=value, ttl_seconds=lifetime).commit())
+        except LockNotHeldError:
+            answer = Result({"success": False, "reason": "lease lost"})
+        if not answer:
+            log.warning("job %r ran but its completion was not recorded (%s): the lease was "
+                        "lost or another copy recorded first", self.name,
+                        answer.get("kvReason") or answer.get("reason"))
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

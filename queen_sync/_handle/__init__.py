@@ -1,0 +1,1 @@
+"""The handles: a lease (Lock), its renewer, key/value and transactions."""

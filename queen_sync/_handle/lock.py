@@ -1,0 +1,517 @@
+"""``Lock``: one holder's hold on one permit, kept renewed in the background.
+
+``held`` is a belief with a deadline: the handle holds a token AND this machine's
+monotonic clock is before ``sent_at + ttl``, where ``sent_at`` is when the last
+successful acquire or renew was SENT. Counting from the send keeps the local
+deadline never later than the engine's. Past it, the work must be fenced out by
+the token, because the engine may already have handed the permit to someone else.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from typing_extensions import ParamSpec
+
+from .._clock import Clock
+from .._durations import Duration, parse_duration, wire_seconds
+from .._errors import LockLostError, LockNotHeldError, UnsupportedOperationError
+from .._notebook.rerun import cell_number, supersede_earlier
+from .._ops import LockOps, check_int, check_name, check_owner, guard_op, mint_owner
+from .._results import Holder, RunResult, holders_from_wire
+
+if TYPE_CHECKING:
+    from .._client import Queen
+
+log = logging.getLogger("queen_sync")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
+    "queen_sync_current_lock", default=None
+)
+
+_MAX_BACKOFF = 1.0
+_LOSS_REASONS = ("renew", "guard", "expired")
+
+
+def current_lock() -> Optional[Lock]:
+    """The lock whose ``run`` or ``with`` block is running in this context, if any."""
+    return _current.get()
+
+
+def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:
+    """Restore ``current_lock()`` as it was before the block, even from another context."""
+    try:
+        _current.reset(token)
+    except ValueError:  # the block ends in a context other than the one it began in
+        old = token.old_value
+        _current.set(None if old is contextvars.Token.MISSING else old)
+
+
+def wait_seconds(wait: Optional[Duration]) -> float:
+    """Seconds to wait; ``0``/``None`` means one attempt."""
+    if wait is None or (not isinstance(wait, bool) and wait == 0):
+        return 0.0
+    return parse_duration(wait, what="wait")
+
+
+class Lock:
+    """A lease on one permit of ``name`` (a semaphore handle has ``limit > 1``).
+
+    Creating it sends nothing. ``acquire`` takes a permit, a background renewer
+    keeps it alive at a third of its lifetime, ``release`` gives it back.
+
+    Blocks (``with lock:`` and ``lock.run``) nest: in the thread inside them, a
+    block within a block sends nothing and the lease is released when the
+    OUTERMOST block exits. An explicit ``release()`` inside blocks releases at
+    once; the outer exits then have nothing left to release. A handle also
+    excludes the other threads of this process: while one thread is inside a
+    block, another thread's block entry waits for it within the handle's
+    ``wait``; with no wait it does not get in (``with`` raises
+    ``LockNotHeldError``, ``run`` returns ``acquired=False``). ``acquire()`` and
+    ``release()`` outside blocks take no part in this: ``acquire()`` on a held
+    handle returns True at once, from any thread.
+
+    In a notebook, re-running a cell never waits on the kernel's own earlier
+    handle: acquiring in an IPython cell first releases (with a warning) the
+    handles on the same name and limit that this thread took in EARLIER cells,
+    that no ``with``/``run`` block is using and that no notebook variable still
+    refers to. Outside IPython, handles contend as usual.
+    """
+
+    def __init__(
+        self,
+        client: Queen,
+        name: str,
+        *,
+        ttl: float,
+        limit: int = 1,
+        owner: Optional[str] = None,
+        auto_renew: bool = True,
+        renew_every: Optional[Duration] = None,
+        wait: Optional[Duration] = 0,
+    ) -> None:
+        self.name = check_name(name)
+        self.limit = check_int(limit, "limit", low=1, high=1024)
+        self.owner = check_owner(owner) if owner is not None else mint_owner()
+        if not isinstance(auto_renew, bool):
+            raise TypeError("auto_renew must be True or False")
+        self.ttl = ttl
+        self.auto_renew = auto_renew
+        self.renew_every = (parse_duration(renew_every, what="renew_every")
+                            if renew_every is not None else ttl / 3)
+        if self.renew_every >= ttl:
+            raise ValueError(f"renew_every ({self.renew_every}s) must be shorter than ttl ({ttl}s)")
+        self._default_wait = wait_seconds(wait)
+        self._client = client
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._io = threading.Lock()  # one engine call at a time: release waits for a renew
+        self._state = threading.Lock()  # makes "mark lost" happen once
+        self._token: Optional[int] = None
+        self._slot: Optional[int] = None
+        self._sent_at = 0.0
+        self._next_renew = float("inf")
+        self._last_token: Optional[int] = None
+        self._unsure = False  # a renew call failed: it may have applied, minting a token unseen
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._handlers: list[Callable[[str], Any]] = getattr(self, "_handlers", [])
+        self._holders: tuple[Holder, ...] = ()
+        # Blocks nest in one thread at a time (the owner), so these belong to that thread.
+        self._gate = threading.Condition(threading.Lock())
+        self._owner_thread: Optional[int] = None
+        self._contexts: list[contextvars.Token[Optional[Lock]]] = []
+        self._blocks = 0  # with/run blocks using this handle now (never superseded then)
+        self._taken_in: Optional[int] = None  # thread that acquired it
+        self._cell: Optional[int] = None  # IPython cell that acquired it
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token while held (it changes at every renew: read it at use time)."""
+        return self._token if self.held else None
+
+    @property
+    def slot(self) -> Optional[int]:
+        return self._slot if self._token is not None else None
+
+    @property
+    def held(self) -> bool:
+        """True while this handle has a token and its local deadline has not passed."""
+        return self._token is not None and self._clock().monotonic() < self._deadline
+
+    @property
+    def remaining(self) -> float:
+        """Seconds before the local deadline (a lower bound on the engine's), 0 when not held."""
+        if self._token is None:
+            return 0.0
+        return max(0.0, self._deadline - self._clock().monotonic())
+
+    @property
+    def holders(self) -> tuple[Holder, ...]:
+        """The holders reported by the last acquire that found the lock busy."""
+        return self._holders
+
+    @property
+    def _deadline(self) -> float:
+        return float(self._sent_at + self.ttl)
+
+    def _clock(self) -> Clock:
+        return self._client._clock
+
+    # ---- acquire -----------------------------------------------------------------------
+
+    def acquire(self, wait: Optional[Duration] = None) -> bool:
+        """Take a permit; with ``wait``, retry (woken on release where the engine can) until then.
+
+        Returns:
+            True when this handle holds a permit, False when the wait ran out.
+        """
+        budget = self._default_wait if wait is None else wait_seconds(wait)
+        if self.held:
+            return True
+        supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
+        started = time.monotonic()
+        if budget <= 0:
+            return self._attempt(started) or self._busy()
+        deadline = started + budget
+        backoff = 0.01
+        with self._client._engine.subscribe(self.name) as waiter:
+            while True:
+                if self._attempt(started):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._client.metrics.observe("acquire_gave_up_seconds",
+                                                 time.monotonic() - started)
+                    return self._busy()
+                waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _until_expiry(self) -> float:
+        """Seconds until the first current holder's lease runs out (wake then, not later)."""
+        ends = [h.expires_at for h in self._holders if h.expires_at is not None]
+        if not ends:
+            return _MAX_BACKOFF
+        return max(0.001, min(ends) / 1000 - time.time() + 0.002)
+
+    def _attempt(self, started: float) -> bool:
+        op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(self.ttl), owner=self.owner,
+                             limit=self.limit if self.limit > 1 else None)
+        for _ in range(3):
+            with self._io:
+                sent_at = self._clock().monotonic()
+                try:
+                    answer = self._client._call_locks([op])[0]
+                except BaseException as exc:
+                    if not isinstance(exc, Exception):
+                        self._abandon()  # interrupted mid-call: the engine may have granted it
+                    raise
+                if answer.get("acquired"):
+                    self._took(answer, sent_at, started)
+                    return True
+            self._holders = holders_from_wire(answer.get("holders"))
+            if answer.get("reason") != "contended":
+                break
+        return False
+
+    def _busy(self) -> bool:
+        self._client.metrics.count("busy")
+        return False
+
+    def _took(self, answer: dict[str, Any], sent_at: float, started: float) -> None:
+        self._token, self._slot = int(answer["token"]), int(answer["slot"])
+        self._last_token = self._token
+        self._sent_at = sent_at
+        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self._unsure = False
+        self.lost.clear()  # the same Event object, so a caller's reference stays current
+        self.lost_reason = None
+        self._holders = ()
+        self._taken_in, self._cell = threading.get_ident(), cell_number()
+        metrics = self._client.metrics
+        metrics.count("acquired")
+        metrics.held(1)
+        metrics.observe("acquire_wait_seconds", time.monotonic() - started)
+        self._client.renewer.register(self)
+
+    def _abandon(self) -> None:
+        """Give back whatever the engine granted this owner while the caller was interrupted."""
+        try:
+            self._release_mine()
+        except Exception:
+            log.warning("could not give back lock %r after an interrupt; it expires by itself",
+                        self.name, exc_info=True)
+
+    def _release_mine(self) -> bool:
+        """Release every permit of ``name`` whose owner is this handle's (owners are unique)."""
+        answer = self._client._call_locks([LockOps.get(self.name)])[0]
+        mine = [h for h in holders_from_wire(answer.get("holders")) if h.owner == self.owner]
+        if not mine:
+            return False
+        answers = self._client._call_locks(
+            [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
+        return any(a.get("released") for a in answers)
+
+    # ---- renew -------------------------------------------------------------------------
+
+    def renew(self) -> bool:
+        """Renew now (a new token); False when the lease is gone (then ``lost`` is set)."""
+        with self._io:
+            op = self._renew_op()
+            if op is None:
+                return False
+            sent_at = self._clock().monotonic()
+            try:
+                answer = self._client._call_locks([op])[0]
+            except Exception:
+                self._unsure = True
+                raise
+            if self._renewed(answer, sent_at):
+                return True
+            if answer.get("renewed"):  # it came after the deadline: give that permit back
+                try:
+                    self._client._call_locks([LockOps.release(
+                        self.name, token=int(answer["token"]), slot=answer.get("slot"))])
+                except Exception:
+                    log.warning("could not give back lock %r renewed too late; it expires by "
+                                "itself", self.name, exc_info=True)
+            return False
+
+    def _renew_op(self) -> Optional[dict[str, Any]]:
+        if self._token is None:
+            return None
+        return LockOps.renew(self.name, token=self._token, ttl_seconds=wire_seconds(self.ttl),
+                             slot=self._slot, owner=self.owner)
+
+    def _renewed(self, answer: dict[str, Any], sent_at: float) -> bool:
+        """Apply a renew answer (the caller holds ``_io``); False when the lease is gone.
+
+        An answer that arrives after the local deadline never revives the lease: the
+        loss may already have been reported, and work stopped because of it.
+        """
+        with self._state:
+            live = self._token is not None and self._clock().monotonic() < self._deadline
+            if live and answer.get("renewed"):
+                self._apply_renew(answer, sent_at)
+                return True
+        self._lose("renew" if live else "expired")
+        return False
+
+    def _apply_renew(self, answer: dict[str, Any], sent_at: float) -> None:
+        metrics = self._client.metrics
+        metrics.margin(self._deadline - sent_at)
+        metrics.count("renewed")
+        self._token, self._slot = int(answer["token"]), int(answer["slot"])
+        self._last_token = self._token
+        self._sent_at = sent_at
+        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self._unsure = False
+
+    def _renew_failed(self, now: float) -> None:
+        """A renew call got no answer: try again sooner, until the local deadline."""
+        self._unsure = True
+        self._next_renew = now + min(self.renew_every, max(0.05, (self._deadline - now) / 4))
+
+    # ---- release and loss --------------------------------------------------------------
+
+    def release(self) -> bool:
+        """Give the permit back (after any renew in flight).
+
+        While it waits for that renew the lease stays watched: reaching its deadline
+        first is a loss, reported on time.
+
+        Returns:
+            True when the engine gave it back; False when it was no longer held:
+            never taken, lost, or (over HTTP) given back by a first attempt whose
+            answer was lost before the resent one arrived.
+        """
+        with self._io:
+            self._client.renewer.unregister(self)
+            token, slot = self._token, self._slot
+            if token is None:
+                return False
+            self._token = None
+            try:
+                released = self._give_back(token, slot)
+            except Exception:
+                # Not given back: keep holding (and renewing) so a retry can release it.
+                self._token = token
+                self._client.renewer.register(self)
+                raise
+        self._client.metrics.held(-1)
+        self._client.metrics.count("released")
+        return released
+
+    def _give_back(self, token: int, slot: Optional[int]) -> bool:
+        answer = self._client._call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
+        if answer.get("released"):
+            return True
+        # A renew whose answer was lost may have moved the row past the token known here.
+        return self._release_mine() if self._unsure else False
+
+    def _lose(self, reason: str) -> None:
+        """Mark the lease lost once, and run the ``on_lost`` handlers off this thread."""
+        with self._state:
+            if self._token is None:
+                return
+            self._token = None
+        self._client.renewer.unregister(self)
+        self.lost_reason = reason
+        self.lost.set()
+        self._client.metrics.held(-1)
+        self._client.metrics.count(f"lost_{reason}")
+        log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
+        for handler in list(self._handlers):
+            self._client._dispatch(handler, reason)
+
+    def on_lost(self, fn: Callable[[str], Any]) -> Lock:
+        """Call ``fn(reason)`` (off the renewer thread) when the lease is lost; returns self."""
+        if not callable(fn):
+            raise TypeError("on_lost takes a callable fn(reason)")
+        self._handlers.append(fn)
+        if self.lost.is_set() and self.lost_reason is not None:
+            self._client._dispatch(fn, self.lost_reason)
+        return self
+
+    # ---- using it ----------------------------------------------------------------------
+
+    def guard(self) -> dict[str, Any]:
+        """The KV check that commits a transaction only while this permit is this token's."""
+        token, slot = self._token, self._slot
+        if token is None or slot is None or not self.held:
+            raise LockNotHeldError(f"lock {self.name!r} is not held by this handle", name=self.name)
+        return guard_op(self.name, slot, token)
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` unless held now: call it just before a side effect."""
+        if self.held:
+            return
+        reason = self.lost_reason or ("expired" if self._token is not None else None)
+        what = f"was lost ({reason})" if reason else "is not held"
+        raise LockLostError(f"lock {self.name!r} {what}", name=self.name, reason=reason,
+                            token=self._last_token)
+
+    def fence(self, conn: Any) -> None:
+        """Assert, inside ``conn``'s open transaction, that this permit is still this token's.
+
+        Only engines with the ``user_table_fencing`` capability (PostgreSQL) offer it.
+        """
+        engine = self._client._engine
+        if not engine.capabilities.user_table_fencing:
+            raise UnsupportedOperationError(
+                f"{engine.kind} cannot fence writes to your own tables; use "
+                "transaction().guard(lock) or lock.token", capability="user_table_fencing")
+        self.check()
+        assert self._slot is not None and self._token is not None
+        engine.fence(conn, name=self.name, slot=self._slot,  # type: ignore[attr-defined]
+                     token=self._token)
+
+    def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> RunResult[T]:
+        """Acquire (with the handle's ``wait``), call ``fn``, release whatever happens.
+
+        Inside a block of this handle it nests (see the class docstring); while another
+        thread is inside one, it waits for it within ``wait`` or returns ``acquired=False``.
+        """
+        if self._enter_block() != "in":
+            return RunResult(acquired=False, holders=self._holders)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            self._exit_block()
+        return RunResult(acquired=True, value=value)
+
+    def __enter__(self) -> Lock:
+        entry = self._enter_block()
+        if entry != "in":
+            if entry == "thread":
+                raise LockNotHeldError(
+                    f"lock {self.name!r}: this handle is in use by another thread of this "
+                    "process (give the handle a wait= to wait for it)", name=self.name)
+            busy = "; ".join(h.describe() for h in self._holders) or "no holder reported"
+            raise LockNotHeldError(f"could not acquire lock {self.name!r}: {busy}",
+                                   name=self.name, holders=self._holders)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._owner_thread == threading.get_ident():
+            self._exit_block()
+        else:
+            self.release()  # an exit with no block of this thread: the caller's explicit intent
+
+    def _enter_block(self) -> str:
+        """Enter a with/run block: re-entrant in the owning thread, others wait their turn.
+
+        Returns:
+            ``"in"``; ``"thread"`` when another thread kept it past the wait; ``"busy"``
+            when the permit could not be taken.
+        """
+        started = time.monotonic()
+        me = threading.get_ident()
+        with self._gate:
+            nested = self._owner_thread == me
+            if not nested and not self._gate.wait_for(
+                    lambda: self._owner_thread is None, self._default_wait):
+                self._holders = ()
+                return "thread"
+            self._owner_thread = me
+            self._blocks += 1
+        try:
+            left = max(0.0, self._default_wait - (time.monotonic() - started))
+            took = self.acquire(wait=left)  # at once when held: a nested entry sends nothing
+        except BaseException:
+            self._leave(release=False)
+            raise
+        if not took:
+            self._leave(release=False)
+            return "busy"
+        self._contexts.append(_current.set(self))
+        return "in"
+
+    def _exit_block(self) -> None:
+        _reset_current(self._contexts.pop())
+        self._leave(release=True)
+
+    def _leave(self, *, release: bool) -> None:
+        """Count one block out; the outermost exit releases and lets the next thread in."""
+        with self._gate:
+            self._blocks -= 1
+            outermost = self._blocks == 0
+        if not outermost:
+            return
+        try:
+            if release:
+                self.release()
+        finally:
+            with self._gate:
+                self._owner_thread = None
+                self._gate.notify()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: hold nothing (the parent still does)."""
+        self._reset_state()
+
+    def __repr__(self) -> str:
+        if self.held:
+            state = (f"held token={self._token} slot={self._slot} "
+                     f"expires_in={self.remaining:.1f}s")
+        elif self.lost.is_set():
+            state = f"lost ({self.lost_reason})"
+        else:
+            state = "not held"
+        kind = f" limit={self.limit}" if self.limit > 1 else ""
+        return f"<Lock {self.name!r}{kind} {state} owner={self.owner!r}>"
+
+    def _repr_html_(self) -> str:
+        from .._notebook.html import lock_html
+
+        return lock_html(self)

@@ -1,0 +1,245 @@
+"""The renewer: ONE daemon thread per client, renewing every due lease in ONE batched call.
+
+Each tick it marks lost every lease past its local deadline (``expired``), then
+sends one ``locks`` call renewing every lease that is due, together with those
+due within 60% of their renew period: leases taken at scattered moments then fall
+into one batch instead of one call each. A call that fails is not a loss: those
+leases are retried sooner, until their deadline; a store that was replaced
+(``StoreReplacedError``) ends them at once. The thread exits when nothing has
+been held for a moment (so a tight acquire/release loop does not start one
+thread per acquire) and comes back when something is.
+
+The renewer never blocks in an engine call itself: the call runs on a
+short-lived thread while the renewer waits for it no longer than the nearest
+local deadline, marking leases lost as their deadlines pass, so ``lost`` and the
+``on_lost`` handlers fire on time however long the engine takes. An answer that
+comes after a lease's deadline does not revive it; the permit it renewed is
+given back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .._errors import StoreReplacedError
+from .._ops import LockOps
+
+if TYPE_CHECKING:
+    from .._client import Queen
+    from .lock import Lock
+
+log = logging.getLogger("queen_sync")
+
+_IDLE_CHECK = 60.0
+_LINGER = 0.5  # seconds the thread stays with nothing held before it exits
+_TAKE_ALONG = 0.6  # a due call also renews leases due within this share of their period
+_BUSY_RETRY = 0.1  # seconds before looking again at a lease a manual renew/release is using
+
+
+class _Call:
+    """One engine call on a short-lived thread, so that its caller can wait for it bounded."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self._work = work
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+    def start(self) -> _Call:
+        try:
+            threading.Thread(target=self._run, name="queen_sync-call", daemon=True).start()
+        except RuntimeError:
+            self._run()  # no new threads at interpreter exit: call here, bounded by the engine
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.value = self._work()
+        except BaseException as exc:  # handed to the waiting renewer, which logs it
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class Renewer:
+    """Keeps a client's held leases alive; ``tick()`` is one pass, the thread loops it."""
+
+    def __init__(self, client: Queen) -> None:
+        self._client = client
+        self._reset()
+
+    def _reset(self) -> None:
+        self._mutex = threading.Lock()
+        self._locks: dict[int, Lock] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
+        self._deferred: dict[int, float] = {}  # lease id -> when to try one whose _io was busy
+        self.ticks = 0
+        self.calls = 0
+
+    def register(self, lock: Lock) -> None:
+        with self._mutex:
+            self._locks[id(lock)] = lock
+            if self._thread is None and not self._stopping and self._client._threaded:
+                self._thread = threading.Thread(target=self._loop, name="queen_sync-renewer",
+                                                daemon=True)
+                self._thread.start()
+            planned = self._planned
+        # Wake the thread only when this lease needs it before it means to look anyway.
+        if planned <= 0.0 or min(lock._next_renew, lock._deadline) < planned:
+            self._wake.set()
+
+    def unregister(self, lock: Lock) -> None:
+        with self._mutex:
+            self._locks.pop(id(lock), None)
+            self._deferred.pop(id(lock), None)
+            idle = not self._locks
+            planned = self._planned
+        if idle and (planned <= 0.0 or planned > self._client._clock.monotonic() + _LINGER):
+            self._wake.set()  # let the thread see it has nothing left, linger, then exit
+
+    def held(self) -> list[Lock]:
+        with self._mutex:
+            return list(self._locks.values())
+
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        return self._thread
+
+    def tick(self) -> float:
+        """One pass: expire, then renew what is due in one call. Returns seconds to the next."""
+        clock = self._client._clock
+        now = clock.monotonic()
+        self.ticks += 1
+        live = self._expire(now)
+        due = [lock for lock in live
+               if lock._next_renew <= now and self._deferred.get(id(lock), 0.0) <= now]
+        if due:
+            # The call goes out anyway: take along what falls due soon, so batches merge.
+            # Past half a period, two batches always meet: one of them takes the other along.
+            due += [lock for lock in live
+                    if now < lock._next_renew <= now + lock.renew_every * _TAKE_ALONG]
+            self._renew(due, now)
+        return self._next_wake(clock.monotonic())
+
+    def _expire(self, now: float) -> list[Lock]:
+        """Mark lost every lease past its local deadline; return the others."""
+        live = []
+        for lock in self.held():
+            if now >= lock._deadline:
+                lock._lose("expired")
+            else:
+                live.append(lock)
+        return live
+
+    def _renew(self, due: list[Lock], now: float) -> None:
+        batch = []
+        for lock in due:
+            if lock._io.acquire(blocking=False):
+                batch.append(lock)
+                self._deferred.pop(id(lock), None)
+            else:  # a manual renew or release is using it: look again soon, do not spin
+                self._deferred[id(lock)] = now + _BUSY_RETRY
+        try:
+            pairs = [(lock, op) for lock in batch if (op := lock._renew_op()) is not None]
+            if pairs:
+                self._send(pairs)
+        finally:
+            for lock in batch:
+                lock._io.release()
+
+    def _send(self, pairs: list[tuple[Lock, dict[str, Any]]]) -> None:
+        """Renew ``pairs`` in one call (their ``_io`` held) without blocking past a deadline."""
+        clock = self._client._clock
+        sent_at = clock.monotonic()
+        self.calls += 1
+        ops = [op for _, op in pairs]
+        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        if call.error is not None:
+            self._failed([lock for lock, _ in pairs], call.error)
+            return
+        self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
+        late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
+                for (lock, _), answer in zip(pairs, call.value)
+                if not lock._renewed(answer, sent_at) and answer.get("renewed")]
+        if late:
+            self._give_back(late)
+
+    def _await(self, call: _Call) -> _Call:
+        """Wait for ``call``, waking at each local deadline to mark those leases lost."""
+        clock = self._client._clock
+        while not call.done.is_set():
+            now = clock.monotonic()
+            live = self._expire(now)
+            nearest = min((lock._deadline for lock in live), default=now + _IDLE_CHECK)
+            clock.wait(call.done, nearest - now)
+        return call
+
+    def _failed(self, locks: list[Lock], error: BaseException) -> None:
+        if isinstance(error, StoreReplacedError):
+            log.error("the store was replaced; %d lease(s) renewed there are lost: %s",
+                      len(locks), error)
+            for lock in locks:
+                lock._lose("renew")
+            return
+        log.warning("renewing %d lease(s) failed, retrying before their deadlines: %r",
+                    len(locks), error)
+        self._client.metrics.count("renew_error")
+        now = self._client._clock.monotonic()
+        for lock in locks:
+            lock._renew_failed(now)
+
+    def _give_back(self, ops: list[dict[str, Any]]) -> None:
+        """Release permits renewed by answers that came after their leases' deadlines."""
+        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        if call.error is not None:
+            log.warning("could not give back %d permit(s) renewed too late; they expire by "
+                        "themselves: %r", len(ops), call.error)
+
+    def _next_wake(self, now: float) -> float:
+        times = [min(max(lock._next_renew, self._deferred.get(id(lock), 0.0)), lock._deadline)
+                 for lock in self.held()]
+        return max(0.0, min(times, default=now + _IDLE_CHECK) - now)
+
+    def _loop(self) -> None:
+        clock = self._client._clock
+        idle_since: Optional[float] = None
+        while True:
+            self._wake.clear()  # before looking, so a register from now on is never missed
+            with self._mutex:
+                self._planned = 0.0
+                now = clock.monotonic()
+                if self._locks:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                if self._stopping or (idle_since is not None and now >= idle_since + _LINGER):
+                    self._thread = None
+                    return
+                if idle_since is not None:
+                    self._planned = idle_since + _LINGER
+            if idle_since is not None:
+                clock.wait(self._wake, self._planned - now)
+                continue
+            try:
+                delay = self.tick()
+            except BaseException:  # even SystemExit: this thread must never die silently
+                log.exception("queen_sync renewer tick failed; continuing")
+                delay = 0.1
+            self._planned = clock.monotonic() + delay
+            clock.wait(self._wake, delay)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        with self._mutex:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def after_fork(self) -> None:
+        self._reset()

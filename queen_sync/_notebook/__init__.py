@@ -1,0 +1,1 @@
+"""Notebook helpers: re-run cells and rich display."""

@@ -1,0 +1,61 @@
+"""The process's clients: a registry, and what happens to them at exit and after ``fork``.
+
+A client registers itself with the two things it does at those moments; the registry
+keeps only weak references, so a client nobody uses any more is collected as usual.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from typing import Any, Callable
+
+log = logging.getLogger("queen_sync")
+
+EXIT_BUDGET = 3.0  # seconds all clients share to give their leases back at interpreter exit
+
+_Hooks = tuple["weakref.WeakMethod[Callable[[float], None]]",
+               "weakref.WeakMethod[Callable[[], None]]"]
+_TRACKED: weakref.WeakKeyDictionary[Any, _Hooks] = weakref.WeakKeyDictionary()
+
+
+def track(client: Any, *, close: Callable[[float], None],
+          after_fork_in_child: Callable[[], None]) -> None:
+    """Remember ``client``: ``close(seconds)`` runs at exit, the other hook in a forked child."""
+    _TRACKED[client] = (weakref.WeakMethod(close), weakref.WeakMethod(after_fork_in_child))
+
+
+def forget(client: Any) -> None:
+    _TRACKED.pop(client, None)
+
+
+def clients() -> list[Any]:
+    """The clients alive in this process now."""
+    return list(_TRACKED.keys())
+
+
+def _close_all_at_exit() -> None:
+    hooks = [close for close, _ in list(_TRACKED.values())]
+    for ref in hooks:
+        close = ref()
+        if close is None:
+            continue
+        try:
+            close(EXIT_BUDGET / max(1, len(hooks)))
+        except Exception:
+            log.warning("closing a client at exit failed; its leases expire by themselves",
+                        exc_info=True)
+
+
+def _after_fork_in_child() -> None:
+    for _, ref in list(_TRACKED.values()):
+        hook = ref()
+        if hook is not None:
+            hook()
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,379 @@
+"""What the test brokers share: the routes answered by the embedded engine, faults, a ledger.
+
+``BrokerCore`` answers ``POST /api/v1/{locks,kv,transaction}`` by handing the
+body to an ``SqliteEngine`` (the embedded semantics, written once) and wrapping
+what it answers or raises in the broker's HTTP envelopes:
+
+- an answer: ``200`` with the answer;
+- ``RequestError``: ``400 {"error": code, "reason": "invalid_request", "detail": ...}``;
+- ``TypeError`` or ``ValueError``: ``400 {"error": "bad_request", "reason": "invalid_value"}``;
+- ``UnsupportedOperationError``: ``501 {"error": "unsupported_operation", "reason": capability}``
+  (the HTTP engine raises it back as ``UnsupportedOperationError``);
+- ``EngineUnavailableError``: ``503 {"error": "unavailable", "reason": "store_busy"}``;
+- anything else: ``500 {"error": "internal"}``.
+
+A bad bearer token is ``401 {"error": "unauthorized"}``, an unknown path ``404``,
+another method ``405``, a body that is not a JSON object ``400``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import logging
+import os
+import random
+import tempfile
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, TypeVar
+
+from .._engines.sqlite import SqliteEngine
+from .._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
+from .._ops import LOCKS_NS
+
+if TYPE_CHECKING:
+    from .._client import Queen
+    from .._handle.lock import Lock
+
+log = logging.getLogger("queen_sync")
+
+PATHS = {"/api/v1/locks": "locks", "/api/v1/kv": "kv", "/api/v1/transaction": "transaction"}
+FAULT_KINDS = ("status", "timeout", "reset", "delay", "refuse")
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer: status, headers and body bytes."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=lambda: dict(JSON_HEADERS))
+
+
+def json_reply(status: int, answer: Any, headers: Optional[Mapping[str, str]] = None) -> Reply:
+    body = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return Reply(status, body, {**JSON_HEADERS, **(headers or {})})
+
+
+def envelope(status: int, code: str, reason: str, detail: str) -> Reply:
+    return json_reply(status, {"error": code, "reason": reason, "detail": detail})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault. ``applied``: the call runs on the store before the fault hits."""
+
+    kind: str
+    route: Optional[str] = None
+    status: int = 503
+    body: Optional[bytes] = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    applied: bool = False
+
+    def reply(self) -> Reply:
+        if self.body is not None:
+            return Reply(self.status, self.body, {**JSON_HEADERS, **self.headers})
+        return json_reply(self.status, {"error": f"injected_{self.status}",
+                                        "reason": "injected", "detail": "an injected fault"},
+                          self.headers)
+
+
+class FaultPlan:
+    """Faults a test broker injects, in order: ``fail_next``, ``timeout_next`` ... or ``chaos``.
+
+    Each ``*_next`` queues faults for the next ``n`` calls (of ``route``, when given).
+    ``chaos(rate)`` hits a random ``rate`` of the calls the queue leaves alone.
+    """
+
+    def __init__(self, kinds: Sequence[str] = FAULT_KINDS) -> None:
+        self._kinds = frozenset(kinds)
+        self._lock = threading.Lock()
+        self._queued: list[Fault] = []
+        self._rate = 0.0
+        self._chaos_kinds: tuple[str, ...] = ()
+        self._random = random.Random()
+        self.injected: Counter[str] = Counter()
+
+    def _queue(self, n: int, fault: Fault) -> FaultPlan:
+        if fault.kind not in self._kinds:
+            raise ValueError(f"this broker cannot inject {fault.kind!r}; it can: "
+                             f"{sorted(self._kinds)}")
+        if fault.route is not None and fault.route not in PATHS.values():
+            raise ValueError(f"unknown route {fault.route!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        with self._lock:
+            self._queued.extend([fault] * n)
+        return self
+
+    def fail_next(self, n: int = 1, *, status: int = 503, body: Optional[bytes] = None,
+                  headers: Optional[Mapping[str, str]] = None, route: Optional[str] = None,
+                  applied: bool = False) -> FaultPlan:
+        """Answer the next ``n`` calls with ``status`` (and ``body``: raw bytes, e.g. HTML)."""
+        return self._queue(n, Fault("status", route, status, body, dict(headers or {}),
+                                    applied=applied))
+
+    def timeout_next(self, n: int = 1, *, seconds: float = 1.0, route: Optional[str] = None,
+                     applied: bool = False) -> FaultPlan:
+        """Answer nothing for ``seconds``, then drop the connection (the client times out)."""
+        return self._queue(n, Fault("timeout", route, seconds=seconds, applied=applied))
+
+    def reset_next(self, n: int = 1, *, route: Optional[str] = None,
+                   applied: bool = False) -> FaultPlan:
+        """Reset the connection instead of answering."""
+        return self._queue(n, Fault("reset", route, applied=applied))
+
+    def delay_next(self, n: int = 1, *, seconds: float = 0.1,
+                   route: Optional[str] = None) -> FaultPlan:
+        """Answer the next ``n`` calls correctly, but ``seconds`` late."""
+        return self._queue(n, Fault("delay", route, seconds=seconds, applied=True))
+
+    def refuse_next(self, n: int = 1, *, route: Optional[str] = None) -> FaultPlan:
+        """Refuse the connection: the request provably never reaches the broker."""
+        return self._queue(n, Fault("refuse", route))
+
+    def chaos(self, rate: float, *, kinds: Sequence[str] = ("status", "timeout", "reset", "delay"),
+              seed: Optional[int] = None) -> FaultPlan:
+        """Hit a random ``rate`` (0..1) of calls with a fault of one of ``kinds``; 0 stops it."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be within 0..1, got {rate!r}")
+        unknown = set(kinds) - self._kinds
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be some of {sorted(self._kinds)}, got {list(kinds)}")
+        with self._lock:
+            self._rate, self._chaos_kinds = rate, tuple(kinds)
+            self._random = random.Random(seed)
+        return self
+
+    def clear(self) -> None:
+        """Forget every queued fault and stop chaos."""
+        with self._lock:
+            self._queued.clear()
+            self._rate = 0.0
+
+    def take(self, route: Optional[str]) -> Optional[Fault]:
+        """The fault for this call, if any (the broker calls it once per request)."""
+        with self._lock:
+            for index, fault in enumerate(self._queued):
+                if fault.route in (None, route):
+                    del self._queued[index]
+                    self.injected[fault.kind] += 1
+                    return fault
+            if not self._rate or self._random.random() >= self._rate:
+                return None
+            fault = self._random_fault()
+            self.injected[fault.kind] += 1
+            return fault
+
+    def _random_fault(self) -> Fault:
+        kind = self._random.choice(self._chaos_kinds)
+        applied = self._random.random() < 0.5
+        if kind == "status":
+            return Fault(kind, status=self._random.choice((500, 502, 503, 504)), applied=applied)
+        if kind in ("timeout", "delay"):
+            return Fault(kind, seconds=self._random.uniform(0.05, 0.3),
+                         applied=applied or kind == "delay")
+        return Fault(kind, applied=applied and kind == "reset")
+
+
+class BrokerCore:
+    """The routes, served from one SQLite file through the embedded engine."""
+
+    def __init__(self, path: str, *, token: Optional[str] = None,
+                 faults: Optional[FaultPlan] = None) -> None:
+        self.path = path
+        self.token = token
+        self.faults = faults or FaultPlan()
+        self.calls: Counter[str] = Counter()
+        self._engine: Optional[SqliteEngine] = None
+        self._mutex = threading.Lock()
+        self._guarded: list[tuple[str, int]] = []
+
+    @property
+    def engine(self) -> SqliteEngine:
+        if self._engine is None:
+            raise RuntimeError("the broker is stopped")
+        return self._engine
+
+    def open(self) -> None:
+        with self._mutex:
+            if self._engine is None:
+                self._engine = SqliteEngine(self.path)
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+
+    def route_of(self, path: str) -> Optional[str]:
+        return PATHS.get(path.split("?", 1)[0])
+
+    def answer(self, method: str, path: str, headers: Mapping[str, str], raw: bytes) -> Reply:
+        """The reply to one request, with no fault."""
+        route = self.route_of(path)
+        if route is None:
+            return envelope(404, "not_found", "no_route", f"no route {path}")
+        if method != "POST":
+            return envelope(405, "method_not_allowed", "post_only", f"{path} takes POST")
+        refused = self._refuse_auth(headers)
+        if refused is not None:
+            return refused
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            body = None
+        if not isinstance(body, dict):
+            return envelope(400, "bad_request", "bad_json", "the body must be a JSON object")
+        self.calls[route] += 1
+        return self._run(route, body)
+
+    def _refuse_auth(self, headers: Mapping[str, str]) -> Optional[Reply]:
+        if self.token is None:
+            return None
+        given = {k.lower(): v for k, v in headers.items()}.get("authorization")
+        if given == f"Bearer {self.token}":
+            return None
+        reason = "no_token" if given is None else "bad_token"
+        return envelope(401, "unauthorized", reason, "a valid bearer token is required")
+
+    def _run(self, route: str, body: dict[str, Any]) -> Reply:
+        try:
+            with self._mutex:
+                answer = self.engine.call(route, body)
+                if route == "transaction" and answer.get("success"):
+                    self._guarded.extend(_guards(body))
+        except RequestError as exc:
+            return envelope(400, exc.code, "invalid_request", str(exc))
+        except (TypeError, ValueError) as exc:
+            return envelope(400, "bad_request", "invalid_value", str(exc))
+        except UnsupportedOperationError as exc:
+            return envelope(501, "unsupported_operation", exc.capability, str(exc))
+        except EngineUnavailableError as exc:
+            return envelope(503, "unavailable", "store_busy", str(exc))
+        except Exception as exc:
+            log.exception("test broker: %s call failed", route)
+            return envelope(500, "internal", type(exc).__name__, str(exc))
+        return json_reply(200, answer)
+
+    def expire(self, name: str, token: int) -> bool:
+        """End the permit of ``name`` at ``token`` now, as if its lease had run out."""
+        with self._mutex, self.engine.storage.transaction() as txn:
+            now = txn.now_ms()
+            rows = txn.read_prefix(LOCKS_NS, name + "#", after=None, limit=4096, now_ms=now)
+            for row in rows:
+                if row.version == token:
+                    row.expires_at = now
+                    txn.write(row)
+                    return True
+        return False
+
+    def assert_no_stale_writes(self) -> None:
+        """Fail when a guarded transaction committed with a token older than one before it."""
+        newest: dict[str, int] = {}
+        for key, token in list(self._guarded):
+            if token < newest.get(key, 0):
+                raise AssertionError(
+                    f"a guarded write on {key} committed with token {token} after one with "
+                    f"token {newest[key]}: a superseded holder's write landed")
+            newest[key] = token
+
+
+def _guards(body: Mapping[str, Any]) -> list[tuple[str, int]]:
+    return [(op["key"], op["expect"]) for op in body.get("kv") or []
+            if op.get("op") == "check" and op.get("ns") == LOCKS_NS and op.get("required")]
+
+
+_B = TypeVar("_B", bound="BrokerTools")
+
+
+class BrokerTools(abc.ABC):
+    """What both test brokers share: a store, faults, a client, a paused holder, the checks."""
+
+    def __init__(self, path: Optional[str], *, token: Optional[str], kinds: Sequence[str],
+                 prefix: str) -> None:
+        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+        if path is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
+            path = os.path.join(self._tmp.name, "broker.db")
+        self.faults = FaultPlan(kinds)
+        self._core = BrokerCore(path, token=token, faults=self.faults)
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The broker's URL, for ``Queen(url)``."""
+
+    @property
+    def core(self) -> BrokerCore:
+        return self._core
+
+    @property
+    def path(self) -> str:
+        """The SQLite file behind the broker."""
+        return self._core.path
+
+    @abc.abstractmethod
+    def start(self: _B) -> _B:
+        """Start answering; returns the broker."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop answering (the store is kept)."""
+
+    def close(self) -> None:
+        """Stop, and remove the temporary file if the broker made one."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self: _B) -> _B:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    @property
+    def calls(self) -> Counter[str]:
+        """Calls answered so far, by route (faults that never reached the store excluded)."""
+        return self.core.calls
+
+    def client(self, **options: Any) -> Queen:
+        """A ``Queen`` on this broker; quick to give up, for tests (options override)."""
+        from .._client import Queen
+
+        settings: dict[str, Any] = {"timeout": (1.0, 2.0), "backoff": 0.01,
+                                    "bearer_token": self.core.token, **options}
+        return Queen(self.url, **settings)
+
+    @contextlib.contextmanager
+    def paused(self, lock: Lock) -> Iterator[None]:
+        """While the block runs, ``lock``'s holder is "paused": its lease is over on the broker.
+
+        Its renewals stop and the broker ends its permit now, as if the lifetime had
+        run out while the process was frozen. The handle has not noticed: its own
+        clock did not move, so it still believes it holds the lease and still hands
+        out its old token. Anything it writes inside the block must be fenced out.
+        When the block ends its renewals resume (and report the loss).
+        """
+        token = lock._token
+        if token is None:
+            raise ValueError(f"lock {lock.name!r} is not held: there is nothing to pause")
+        renewer = lock._client.renewer
+        renewer.unregister(lock)
+        self.core.expire(lock.name, token)
+        try:
+            yield
+        finally:
+            if lock._token is not None:
+                renewer.register(lock)
+
+    def assert_no_stale_writes(self) -> None:
+        """Fail if a guarded transaction committed with a token older than one already seen."""
+        self.core.assert_no_stale_writes()
