@@ -2,10 +2,13 @@
 
 A hypothesis state machine sends random lock, KV-batch and transaction bodies,
 from several owners and through two clients of one store, resends bodies
-unchanged, and moves the engine's clock; after every call it compares the
-engine's answer with ``model.reference`` (see ``model.matching`` for what may
-differ: version numbering, and times on an engine with its own clock), then reads
-the whole store back and checks the lease invariants directly on the engine.
+unchanged, and moves the engine's clock. Tokens, owners and ``expect`` versions
+are drawn mostly from what the model holds live, so the success paths run as
+often as the lost ones; acquires sometimes name another limit than the name's
+live permits have, which every engine must refuse whole. After every call it
+compares the engine's answer with ``model.reference`` (see ``model.matching`` for
+what may differ: version numbering, and times on an engine with its own clock),
+then reads the whole store back and checks the lease invariants on the engine.
 
 Engines and their clocks: SQLite runs on the test's clock (``SqliteEngine(clock=)``);
 LocalBroker's store is built without a clock option, so the test sets its storage's
@@ -17,6 +20,7 @@ long (nothing expires during an example) and the clock rule is off.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -24,7 +28,7 @@ import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, note, settings
@@ -37,21 +41,24 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from model.matching import LEARNED_BASE, LEARNED_SPAN, Clocks, Matcher, OrderMap
-from model.reference import LOCKS_NS, Reference
+from model.reference import LOCKS_NS, Entry, Reference
 
 import queen_sync as qs
 from queen_sync._engines.sqlite import SqliteEngine
 
+T = TypeVar("T")
 EXAMPLES = int(os.environ.get("QUEEN_SYNC_MODEL_EXAMPLES", "0")) or None
 STEPS = 40
 BOGUS = 10**9  # a token and version no store reaches in an example; the same in both spaces
 
-LOCKS = {"job": 1, "pool": 3, "名": 1}  # one limit per name: a mixed limit is refused
+LOCKS = {"job": 1, "pool": 3, "duo": 2, "名": 1}  # each name's usual limit
+LIMITS = (1, 2, 3)  # an acquire sometimes says another: refused while the name is held
 APP_NS = ("app", "app.2")
 KEYS = ("a", "a%", "a_", "ab", "aB", "b", "é")
 PREFIXES = ("a", "a%", "a_", "b", "é")
-PERMIT_KEYS = tuple(f"{name}#{slot}" for name, limit in LOCKS.items() for slot in range(limit))
-OWNERS = ("alice", "bob", "carol")
+PERMIT_KEYS = tuple(f"{name}#{slot}" for name in LOCKS for slot in range(max(LIMITS)))
+OWNERS = ("alice", "bob", "carol", "dave")  # one more than the largest limit: "held" happens
+ACQUIRED_NAMES = ("pool", "pool", "duo", "duo", "job", "名")  # semaphores twice as often
 
 _LEAVES = (st.none() | st.booleans() | st.integers(-3, 3)
            | st.sampled_from([0.5, -1.25, 2.0, 1e-7, 10**15, "", "x", "ünï", "null"]))
@@ -77,6 +84,7 @@ class Store:
     clients: list[qs.Queen]
     clock: Optional[EngineClock]
     ttls: tuple[int, ...]
+    refusal: type[qs.QueenError]  # what a refused call raises here
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -97,7 +105,8 @@ def _sqlite_stores(request: pytest.FixtureRequest) -> StoreFactory:
         path = os.path.join(folder, "queen.db")
         clients = [qs.Queen(engine=SqliteEngine(path, clock=clock), renew_thread=False)
                    for _ in range(2)]
-        return Store(clients, clock, SHORT_TTLS, [lambda: shutil.rmtree(folder)])
+        return Store(clients, clock, SHORT_TTLS, qs.RequestError,
+                     [lambda: shutil.rmtree(folder)])
 
     return open_store
 
@@ -110,7 +119,7 @@ def _http_stores(request: pytest.FixtureRequest) -> StoreFactory:
         clock = EngineClock()
         broker.core.engine.storage._clock = clock  # no public option for the broker's clock
         clients = [qs.Queen(broker.url, renew_thread=False) for _ in range(2)]
-        return Store(clients, clock, SHORT_TTLS, [broker.close])
+        return Store(clients, clock, SHORT_TTLS, qs.QueenHttpError, [broker.close])
 
     return open_store
 
@@ -127,7 +136,8 @@ def _postgres_stores(request: pytest.FixtureRequest) -> StoreFactory:
                    for _ in range(2)]
         for client in clients:
             client.locks.get("warm-up")
-        return Store(clients, None, (3600, 86400), [lambda: _drop_schema(base, schema)])
+        return Store(clients, None, (3600, 86400), qs.RequestError,
+                     [lambda: _drop_schema(base, schema)])
 
     return open_store
 
@@ -156,6 +166,7 @@ class ModelMachine(RuleBasedStateMachine):
         super().__init__()
         self.store = type(self).open_store()
         self.model = Reference()
+        self.draft = self.model  # what the next op drawn will meet (see ``_drafting``)
         self.versions = OrderMap()
         self.versions.pair(BOGUS, BOGUS)
         self.matcher = Matcher(self.versions, Clocks(exact=self.store.clock is not None))
@@ -186,6 +197,16 @@ class ModelMachine(RuleBasedStateMachine):
         return value
 
     def _engine_call(self, client: qs.Queen, route: str, body: dict[str, Any]) -> Any:
+        """The engine's answer; a refusal becomes ``{"error": code}``, as the model says it."""
+        try:
+            return self._engine_answer(client, route, body)
+        except self.store.refusal as refusal:
+            status = getattr(refusal, "status", 400)
+            assert status == 400, f"a refused call is a 400, not {status}: {refusal}"
+            return {"error": getattr(refusal, "code", None)}
+
+    @staticmethod
+    def _engine_answer(client: qs.Queen, route: str, body: dict[str, Any]) -> Any:
         if route == "locks":
             return {"results": [dict(r) for r in client.locks.batch(body["operations"])]}
         if route == "kv":
@@ -210,13 +231,15 @@ class ModelMachine(RuleBasedStateMachine):
         assert not problems, f"{route} answered unlike the model: " + "; ".join(problems)
         self._learn(route, body, expected, answer)
         for verdict in _verdicts(route, body, expected):
-            event(verdict)  # --hypothesis-show-statistics: which paths the histories took
+            # Path tags for hypothesis's statistics (pytest lists them for @given tests only,
+            # not for this runner).
+            event(verdict)
         return expected, answer
 
     def _learn(self, route: str, body: dict[str, Any], expected: Any, answer: Any) -> None:
         if not self.model.rolled_back:
             self.known_versions.extend(_versions_in(expected))
-        if route != "locks":
+        if route != "locks" or "error" in expected:
             return
         for op, mine, theirs in zip(body["operations"], expected["results"],
                                     answer["results"]):
@@ -231,38 +254,77 @@ class ModelMachine(RuleBasedStateMachine):
                 self.issued[name].append(mine["token"])
 
     # ---- what to send --------------------------------------------------------------------
+    # Most draws come from what the model says is live now, so renews, releases, guards
+    # and expects mostly take their success paths; stale and made-up ones come less often.
+    # Ops are drawn against a draft of the model that the body's earlier ops already ran
+    # on, so a later op in a body sees the token an earlier renew in it returns.
 
-    def _token(self, data: st.DataObject, name: str) -> int:
-        """A live permit's token (or the one it replaced), an older one, or a stranger's."""
-        live = [t for _, e in self.model.permits(name) for t in (e.version, e.prev_version)
-                if t is not None]
-        others = [t for n, ts in self.issued.items() if n != name for t in ts]
-        return _pick(data, "token", live, self.issued[name][::-1], [BOGUS, *others])
+    def _drafting(self) -> None:
+        self.draft = copy.deepcopy(self.model)
+
+    def _drafted(self, route: str, op: dict[str, Any]) -> dict[str, Any]:
+        self.draft.call(route, {"operations": [op]}, self._now())
+        return op
+
+    def _known(self, *versions: Optional[int]) -> list[int]:
+        """Those of ``versions`` an answer has named: one minted earlier in the body has no
+        engine number yet, as a real client would not know it either."""
+        return [v for v in versions if v is not None and self.versions.knows(v)]
+
+    def _token(self, data: st.DataObject, name: str, permit: Optional[Entry]) -> int:
+        """Mostly ``permit``'s token or the one its last renew replaced; else older, or foreign."""
+        current = self._known(permit.version) if permit is not None else []
+        previous = self._known(permit.prev_version) if permit is not None else []
+        older = [t for t in reversed(self.issued[name]) if t not in current + previous]
+        foreign = [BOGUS, *(t for n, ts in self.issued.items() if n != name for t in ts)]
+        return _weighted(data, "token", (12, current), (2, previous), (1, older), (1, foreign))
+
+    def _usable(self, name: str) -> list[tuple[int, Entry]]:
+        """The live permits of ``name`` whose token (or the one before it) an answer named."""
+        return [(slot, entry) for slot, entry in self.draft.permits(name)
+                if self._known(entry.version, entry.prev_version)]
+
+    def _permit(self, data: st.DataObject, name: str) -> tuple[Optional[int], Optional[Entry]]:
+        permits = self._usable(name)
+        if not permits:
+            return None, None
+        slot, entry = data.draw(st.sampled_from(permits), label="permit")
+        return slot, entry
 
     def _lock_op(self, data: st.DataObject) -> dict[str, Any]:
-        held = [name for name in sorted(LOCKS) if self.model.permits(name)]
-        kind = _pick(data, "op", ["renew", "release"] if held else ["acquire"],
-                     ["acquire", "renew", "release", "get"])
-        name = _pick(data, "name", held if kind in ("renew", "release") else [], sorted(LOCKS))
-        op: dict[str, Any] = {"op": kind, "name": name}
+        held = [name for name in sorted(LOCKS) if self._usable(name)]
+        kind = _weighted(data, "op", (6, ["acquire"]),
+                         (6 if held else 1, ["renew", "renew", "release"]), (1, ["get"]))
         if kind == "acquire":
-            op.update(ttlSeconds=data.draw(st.sampled_from(self.store.ttls)),
-                      owner=data.draw(st.sampled_from(OWNERS), label="owner"))
-            if LOCKS[name] > 1 or data.draw(st.booleans(), label="say limit 1"):
-                op["limit"] = LOCKS[name]
-            return op
+            return self._acquire_op(data)
+        name = _weighted(data, "name", (6, held), (1, sorted(LOCKS)))
+        op: dict[str, Any] = {"op": kind, "name": name}
         if kind == "get":
             return op
-        op["token"] = self._token(data, name)
-        slot = data.draw(st.none() | st.integers(0, LOCKS[name]), label="slot")
-        if slot is not None:
-            op["slot"] = slot
+        slot, permit = self._permit(data, name)
+        op["token"] = self._token(data, name, permit)
+        unsaid: list[Optional[int]] = [None]
+        slots: list[Optional[int]] = list(range(max(LIMITS) + 1))
+        chosen = _weighted(data, "slot", (4, unsaid), (4, [] if slot is None else [slot]),
+                           (1, slots))
+        if chosen is not None:
+            op["slot"] = chosen
         if kind == "renew":
             op["ttlSeconds"] = data.draw(st.sampled_from(self.store.ttls))
-            holders = [e.value["owner"] for _, e in self.model.permits(name)]
-            owner = _pick(data, "owner", [None], holders, list(OWNERS))
+            holder = [] if permit is None else [permit.value["owner"]]
+            owner = _weighted(data, "owner", (8, holder), (1, [None]), (1, list(OWNERS)))
             if owner is not None:
                 op["owner"] = owner
+        return op
+
+    def _acquire_op(self, data: st.DataObject) -> dict[str, Any]:
+        name = data.draw(st.sampled_from(ACQUIRED_NAMES), label="name")
+        op: dict[str, Any] = {"op": "acquire", "name": name,
+                              "ttlSeconds": data.draw(st.sampled_from(self.store.ttls)),
+                              "owner": data.draw(st.sampled_from(OWNERS), label="owner")}
+        limit = _weighted(data, "limit", (6, [LOCKS[name]]), (1, list(LIMITS)))
+        if limit > 1 or data.draw(st.booleans(), label="say limit 1"):
+            op["limit"] = limit
         return op
 
     def _expiry(self, data: st.DataObject) -> dict[str, Any]:
@@ -270,19 +332,30 @@ class ModelMachine(RuleBasedStateMachine):
         return {"forever": True} if ttl is None else {"ttlSeconds": ttl}
 
     def _expect(self, data: st.DataObject, ns: str, key: str, *, absent_ok: bool) -> int:
-        entry = self.model.live(ns, key)
-        current = [entry.version] if entry is not None else []
-        choices = [*current, *([0] if absent_ok else []), *reversed(self.known_versions[-6:]),
-                   BOGUS]
-        return data.draw(st.sampled_from(list(dict.fromkeys(choices))), label="expect")
+        """Mostly the key's current version (0 if it is absent), else an older or made-up one."""
+        entry = self.draft.live(ns, key)
+        current = self._known(entry.version) if entry is not None else []
+        previous = self._known(entry.prev_version) if entry is not None else []
+        older = list(dict.fromkeys(v for v in reversed(self.known_versions[-8:])
+                                   if v not in current + previous))
+        return _weighted(data, "expect", (12, current),
+                         (12 if entry is None else 1, [0] if absent_ok else []),
+                         (1, previous), (1, older), (1, [BOGUS]))
+
+    def _kv_key(self, data: st.DataObject, *, permits: bool, live_first: bool) -> tuple[str, str]:
+        spaces = [(ns, KEYS) for ns in APP_NS] + ([(LOCKS_NS, PERMIT_KEYS)] if permits else [])
+        every = [(ns, key) for ns, keys in spaces for key in keys]
+        live = [(ns, key) for ns, key in every if self.draft.live(ns, key) is not None]
+        ns, key = _weighted(data, "key", (6 if live_first else 0, live), (1, every))
+        return ns, key
 
     def _kv_write(self, data: st.DataObject, kinds: list[str]) -> dict[str, Any]:
         kind = data.draw(st.sampled_from(kinds), label="op")
-        if kind == "check":
-            ns = data.draw(st.sampled_from([*APP_NS, LOCKS_NS]), label="ns")
-            key = data.draw(st.sampled_from(PERMIT_KEYS if ns == LOCKS_NS else KEYS))
-        else:
-            ns, key = data.draw(st.sampled_from(APP_NS)), data.draw(st.sampled_from(KEYS))
+        some_live = any(self.draft.live(ns, key) for ns in APP_NS for key in KEYS)
+        expects = kind == "check" or (kind in ("put", "delete") and _weighted(
+            data, "with expect", (3, [some_live]), (1, [True, False])))
+        ns, key = self._kv_key(data, permits=kind == "check",
+                               live_first=expects or kind == "delete")
         op: dict[str, Any] = {"op": kind, "ns": ns, "key": key}
         if kind in ("put", "putIfAbsent"):
             op.update(value=data.draw(VALUES, label="value"), **self._expiry(data))
@@ -292,7 +365,7 @@ class ModelMachine(RuleBasedStateMachine):
                 limit = data.draw(st.none() | st.sampled_from([-2, 0, 3, 5]), label=bound)
                 if limit is not None:
                     op[bound] = limit
-        if kind == "check" or (kind in ("put", "delete") and data.draw(st.booleans())):
+        if expects:
             op["expect"] = self._expect(data, ns, key, absent_ok=kind == "check")
         if data.draw(st.sampled_from([False, False, True]), label="required"):
             op["required"] = True
@@ -319,34 +392,39 @@ class ModelMachine(RuleBasedStateMachine):
         return op
 
     def _guard(self, data: st.DataObject) -> dict[str, Any]:
-        live = [(name, slot) for name in sorted(LOCKS) for slot, _ in self.model.permits(name)]
-        if live and data.draw(st.booleans(), label="guard a live permit"):
-            name, slot = data.draw(st.sampled_from(live), label="permit")
-        else:
-            name = data.draw(st.sampled_from(sorted(LOCKS)), label="guarded name")
-            slot = data.draw(st.integers(0, LOCKS[name] - 1), label="slot")
+        live = [(name, slot) for name in sorted(LOCKS) for slot, _ in self._usable(name)]
+        every = [(name, slot) for name in sorted(LOCKS) for slot in range(max(LIMITS))]
+        name, slot = _weighted(data, "guarded permit", (6, live), (1, every))
+        permit = self.draft.live(LOCKS_NS, f"{name}#{slot}")
         return {"op": "check", "ns": LOCKS_NS, "key": f"{name}#{slot}",
-                "expect": self._token(data, name), "required": True}
+                "expect": self._token(data, name, permit), "required": True}
 
     # ---- rules ----------------------------------------------------------------------------
 
     @rule(data=st.data(), client=st.integers(0, 1))
     def lock_batch(self, data: st.DataObject, client: int) -> None:
-        ops = [self._lock_op(data) for _ in range(data.draw(st.integers(1, 3), label="ops"))]
+        self._drafting()
+        ops = [self._drafted("locks", self._lock_op(data))
+               for _ in range(data.draw(st.integers(1, 3), label="ops"))]
         self._remember("locks", {"operations": ops}, client)
 
     @rule(data=st.data(), client=st.integers(0, 1))
     def kv_batch(self, data: st.DataObject, client: int) -> None:
+        self._drafting()
         ops = []
         for _ in range(data.draw(st.integers(1, 4), label="ops")):
             read = data.draw(st.booleans(), label="read")
-            ops.append(self._kv_read(data) if read else self._kv_write(data, _KV_WRITES))
+            op = self._kv_read(data) if read else self._kv_write(data, _KV_WRITES)
+            ops.append(self._drafted("kv", op))
         self._remember("kv", {"operations": ops}, client)
 
     @rule(data=st.data(), client=st.integers(0, 1))
     def transaction(self, data: st.DataObject, client: int) -> None:
-        guards = [self._guard(data) for _ in range(data.draw(st.integers(0, 2), label="guards"))]
-        writes = [self._kv_write(data, _KV_WRITES)
+        self._drafting()
+        held = any(self._usable(name) for name in LOCKS)
+        count = _weighted(data, "guards", (4, [1, 2, 0] if held else [0]), (1, [0, 1, 2]))
+        guards = [self._guard(data) for _ in range(count)]
+        writes = [self._drafted("kv", self._kv_write(data, _KV_WRITES))
                   for _ in range(data.draw(st.integers(0, 3), label="writes"))]
         self._remember("transaction", {"operations": [], "kv": guards + writes}, client)
 
@@ -360,8 +438,13 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.25, 0.75, 1, 2, 5, 31]))
     def advance_the_engine_clock(self, seconds: float) -> None:
         assert self.store.clock is not None
+        before = self.store.clock.ms
         self.store.clock.ms += int(seconds * 1000)
         note(f"engine clock +{seconds}s")
+        lapsed = [e for (ns, _), e in self.model.entries.items() if ns == LOCKS_NS
+                  and e.expires_at is not None and before < e.expires_at <= self.store.clock.ms]
+        if any((e.limit or 1) > 1 for e in lapsed):
+            event("a semaphore permit expires while held")
 
     def _remember(self, route: str, body: dict[str, Any], client: int) -> None:
         self.last = (route, body)
@@ -377,9 +460,12 @@ class ModelMachine(RuleBasedStateMachine):
             holders = result["holders"]
             slots = [h["slot"] for h in holders]
             every_token.extend(h["token"] for h in holders)
-            assert len(holders) <= LOCKS[name], f"{name!r} has more permits than its limit"
-            assert len(set(slots)) == len(slots) and all(s < LOCKS[name] for s in slots), (
+            limit = self.model.limit_of(name) or 0  # the one limit its live permits have
+            assert len(holders) <= limit, f"{name!r} has more permits than its limit {limit}"
+            assert len(set(slots)) == len(slots) and all(s < limit for s in slots), (
                 f"{name!r} has a bad slot listing: {holders}")
+            if limit > 1 and len(holders) == limit:
+                event("a semaphore is full")
             self._assert_live(holders, f"a permit of {name!r}")
         assert len(set(every_token)) == len(every_token), f"two permits share a token: {locks}"
         reads = [{"op": "getMany", "ns": ns, "keys": list(KEYS)} for ns in APP_NS]
@@ -426,13 +512,19 @@ def _cut(holder: dict[str, Any]) -> None:
         holder["value"] = {"owner": value["owner"]}
 
 
-def _pick(data: st.DataObject, label: str, *pools: list[Any]) -> Any:
-    """One of the non-empty ``pools`` (each as likely), then one of its items."""
-    pool = data.draw(st.sampled_from([p for p in pools if p]), label=f"kind of {label}")
-    return data.draw(st.sampled_from(pool), label=label)
+def _weighted(data: st.DataObject, label: str, *pools: tuple[int, list[T]]) -> T:
+    """An item of one of the non-empty ``pools``, each drawn as often as its weight says.
+
+    The first pool is the one a shrunk example falls back to, so it is the likely one.
+    """
+    kinds = [i for i, (weight, pool) in enumerate(pools) if pool for _ in range(weight)]
+    kind = data.draw(st.sampled_from(kinds), label=f"kind of {label}")
+    return data.draw(st.sampled_from(pools[kind][1]), label=label)
 
 
 def _verdicts(route: str, body: dict[str, Any], answer: Any) -> list[str]:
+    if "error" in answer:
+        return [f"{route}: refused ({answer['error']})"]
     if route == "transaction":
         return [f"transaction: {answer.get('kvReason') or 'success'}"]
     ops = body["operations"]
@@ -501,3 +593,18 @@ class TestTheMatcher:
             "a 'version' inside a user's value is data, not a version")
         assert matcher.differences({"value": 1}, {"value": 1.0}), "1 and 1.0 differ in JSON"
         assert matcher.differences({"value": 1}, {"value": True}), "1 and true differ"
+
+
+class TestTheModel:
+    def test_an_acquire_with_another_limit_refuses_its_whole_body_in_the_model(self) -> None:
+        model = Reference()
+        pool = {"op": "acquire", "name": "pool", "ttlSeconds": 30, "limit": 3}
+        model.call("locks", {"operations": [{**pool, "owner": "alice"}]}, 0)
+        answer = model.call("locks", {"operations": [
+            {"op": "acquire", "name": "job", "ttlSeconds": 30, "owner": "bob"},
+            {**pool, "owner": "bob", "limit": 2}]}, 1)
+        assert answer == {"error": "lock_limit_mismatch"}, answer
+        assert model.permits("job") == [] and model.counter == 1, (
+            "a refused body writes nothing, the ops before the refusal included")
+        again = model.call("locks", {"operations": [{**pool, "owner": "bob"}]}, 2)
+        assert again["results"][0]["slot"] == 1, f"the same limit still shares: {again}"

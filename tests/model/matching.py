@@ -41,6 +41,9 @@ class OrderMap:
     def forward(self, left: int) -> int:
         return self._pairs[left]
 
+    def knows(self, left: int) -> bool:
+        return left in self._pairs
+
     def snapshot(self) -> tuple[list[int], dict[int, int], dict[int, int]]:
         return list(self._left), dict(self._pairs), dict(self._back)
 

@@ -9,7 +9,9 @@ not from an engine, so an engine that agrees with it agrees with the spec:
 - an entry whose ``expires_at`` is not after ``now_ms`` is absent, whatever is stored;
 - every write (a permit too) takes the next value of the one counter, which a
   rollback rewinds (nothing committed, so nothing was issued);
-- a lock permit is the entry ``queen-locks``/``<name>#<slot>`` whose version is its token.
+- a lock permit is the entry ``queen-locks``/``<name>#<slot>`` whose version is its token;
+- a call the wire refuses (an acquire with another limit than a live permit of its
+  name) answers ``{"error": code}`` and writes nothing, the rest of its body included.
 
 Bodies are assumed valid: the model checks semantics, not argument validation.
 """
@@ -36,12 +38,19 @@ class Entry:
     created_at: int
     updated_at: int
     prev_version: Optional[int] = None  # the token the last renew replaced
+    limit: Optional[int] = None  # a permit's: the limit it was acquired with
 
 
 class _Rollback(Exception):
     def __init__(self, answer: Answer) -> None:
         super().__init__("rolled back")
         self.answer = answer
+
+
+class _Refused(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Reference:
@@ -69,6 +78,10 @@ class Reference:
             self.entries, self.counter = saved
             self.rolled_back = True
             return rollback.answer
+        except _Refused as refused:
+            self.entries, self.counter = saved
+            self.rolled_back = True
+            return {"error": refused.code}
         raise ValueError(f"the model knows no route {route!r}")
 
     # ---- storage ----------------------------------------------------------------------
@@ -103,6 +116,12 @@ class Reference:
                 found.append((int(tail), entry))
         return sorted(found, key=lambda pair: pair[0])
 
+    def limit_of(self, name: str) -> Optional[int]:
+        """The limit the live permits of ``name`` were acquired with (one, or none live)."""
+        limits = {entry.limit for _, entry in self.permits(name)}
+        assert len(limits) <= 1, f"the model let {name!r} hold two limits: {limits}"
+        return next(iter(limits), None)
+
     def holders(self, name: str) -> list[Answer]:
         return [{"slot": slot, "owner": e.value.get("owner"), "token": e.version,
                  "since": e.created_at, "expiresAt": e.expires_at, "renewedAt": e.updated_at}
@@ -116,6 +135,9 @@ class Reference:
 
     def _acquire(self, op: Op) -> Answer:
         name, owner, limit = op["name"], op["owner"], op.get("limit", 1)
+        held = self.limit_of(name)
+        if held is not None and held != limit:  # before anything, a resend included
+            raise _Refused("lock_limit_mismatch")
         permits = self.permits(name)
         for slot, entry in permits:
             if entry.value.get("owner") == owner:  # a resent acquire: the same permit
@@ -127,7 +149,7 @@ class Reference:
             return {"acquired": False, "reason": "held", "holders": self.holders(name)}
         token = self._mint()
         self.entries[(LOCKS_NS, f"{name}#{free[0]}")] = Entry(
-            {"owner": owner}, token, self._expiry(op), self.now, self.now)
+            {"owner": owner}, token, self._expiry(op), self.now, self.now, limit=limit)
         return {"acquired": True, "slot": free[0], "token": token, "owner": owner,
                 "guard": guard(name, free[0], token)}
 
