@@ -3,7 +3,7 @@
 ```python
 import tempfile
 import queen_sync as qs
-from recipes.fenced_export import FencedDirectory, FencedExport
+from queen_sync.recipes.fenced_export import FencedDirectory, FencedExport
 
 with qs.Queen() as q, tempfile.TemporaryDirectory() as out:
     export = FencedExport(q, "daily-sales", FencedDirectory(out), ttl="1m")
@@ -45,10 +45,13 @@ import contextlib
 import logging
 import os
 import secrets
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Protocol, Union
+from typing import Any, Callable, Iterable, Optional, Protocol, Union, overload
+
+from typing_extensions import deprecated
 
 import queen_sync as qs
 
@@ -69,6 +72,20 @@ class FencedSink(Protocol):
     def write(self, name: str, data: Any, *, token: int,
               lock: Optional[qs.Lock] = None) -> object:
         """Store ``data`` as ``name``; raise ``FencedOutError`` if ``token`` is superseded."""
+
+
+def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
+    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
+    if q is None:
+        if client is None:
+            raise TypeError(f"{where}() needs the client as its first argument (client=)")
+        return client
+    if client is not None:
+        raise TypeError(f"{where}() got both client and q=; pass only client")
+    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
+    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
+                  DeprecationWarning, stacklevel=3)
+    return q
 
 
 def _check_token(token: Any) -> int:
@@ -184,16 +201,26 @@ class FencedDirectory:
 
 
 class FencedKv:
-    """A KV namespace written through ``q.transaction().guard(lock)``: one key per partition.
+    """A KV namespace written through ``client.transaction().guard(lock)``: one key per partition.
 
     Args:
-        q: the client.
+        client: the client (``q=`` is a deprecated spelling of this keyword).
         ns: the namespace to write into.
         prefix: prepended to every key.
     """
 
-    def __init__(self, q: qs.Queen, ns: str, *, prefix: str = "") -> None:
-        self._q = q
+    @overload
+    def __init__(self, client: qs.Queen, ns: str, *, prefix: str = "") -> None: ...
+
+    @overload
+    @deprecated("FencedKv(q=...) is deprecated: pass client=...")
+    def __init__(self, *, q: qs.Queen, ns: str, prefix: str = "") -> None: ...
+
+    def __init__(self, client: Optional[qs.Queen] = None, ns: Optional[str] = None, *,
+                 prefix: str = "", q: Optional[qs.Queen] = None) -> None:
+        self._q = _the_client(client, q, "FencedKv")
+        if not isinstance(ns, str):
+            raise TypeError(f"ns must be a str, got {type(ns).__name__}")
         self.ns = ns
         self.prefix = prefix
 
@@ -269,20 +296,34 @@ class FencedExport:
     """Export partitions in order under the lock ``name``, resuming after finished ones.
 
     Args:
-        q: the client.
+        client: the client (``q=`` is a deprecated spelling of this keyword).
         name: the export's name: its lock name and the key of its progress.
         sink: a ``FencedDirectory``, a ``FencedKv``, or anything with their ``write``.
         ttl: the lease's lifetime (renewed in the background while exporting).
         wait: how long ``run`` waits for the lock (default: one attempt).
     """
 
-    def __init__(self, q: qs.Queen, name: str, sink: FencedSink, *, ttl: Duration,
-                 wait: Optional[Duration] = 0) -> None:
-        self._q = q
+    @overload
+    def __init__(self, client: qs.Queen, name: str, sink: FencedSink, *, ttl: Duration,
+                 wait: Optional[Duration] = 0) -> None: ...
+
+    @overload
+    @deprecated("FencedExport(q=...) is deprecated: pass client=...")
+    def __init__(self, *, q: qs.Queen, name: str, sink: FencedSink, ttl: Duration,
+                 wait: Optional[Duration] = 0) -> None: ...
+
+    def __init__(self, client: Optional[qs.Queen] = None, name: Optional[str] = None,
+                 sink: Optional[FencedSink] = None, *, ttl: Duration,
+                 wait: Optional[Duration] = 0, q: Optional[qs.Queen] = None) -> None:
+        self._q = _the_client(client, q, "FencedExport")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if sink is None:
+            raise TypeError("FencedExport() needs a sink (a FencedDirectory or a FencedKv)")
         self.name = name
         self.sink = sink
         self._lock_args: dict[str, Any] = {"ttl": ttl, "wait": wait}
-        q.lock(name, ttl=ttl, wait=wait)  # validates name, ttl and wait before any I/O
+        self._q.lock(name, ttl=ttl, wait=wait)  # validates name, ttl and wait before any I/O
 
     def finished(self) -> list[str]:
         """The partitions whose export was checkpointed, by any holder."""

@@ -2,7 +2,7 @@
 
 ```python
 import queen_sync as qs
-from recipes.leader_election import LeaderElection
+from queen_sync.recipes.leader_election import LeaderElection
 
 with qs.Queen() as q:
     election = LeaderElection(q, "nightly-scheduler", ttl="30s",
@@ -46,9 +46,12 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, overload
+
+from typing_extensions import deprecated
 
 import queen_sync as qs
 
@@ -77,7 +80,8 @@ class LeaderElection:
     """Campaign for leadership of ``name`` among every candidate using that name.
 
     Args:
-        q: the client whose engine arbitrates.
+        client: the client whose engine arbitrates (``q=`` is a deprecated spelling of
+            this keyword).
         name: the election's name (a lock name: shared by every candidate).
         ttl: how long a leader's lease lasts without renewal (seconds, timedelta or
             ``"30s"``); a dead leader is replaced within ``ttl`` plus one renew
@@ -91,25 +95,41 @@ class LeaderElection:
         TypeError, ValueError: for a bad ``ttl``, ``name`` or ``identity`` (before any I/O).
     """
 
+    @overload
+    def __init__(self, client: qs.Queen, name: str, *, ttl: Duration,
+                 on_elected: Optional[Callable[[int], Any]] = None,
+                 on_deposed: Optional[Callable[[str], Any]] = None,
+                 identity: Optional[str] = None) -> None: ...
+
+    @overload
+    @deprecated("LeaderElection(q=...) is deprecated: pass client=...")
+    def __init__(self, *, q: qs.Queen, name: str, ttl: Duration,
+                 on_elected: Optional[Callable[[int], Any]] = None,
+                 on_deposed: Optional[Callable[[str], Any]] = None,
+                 identity: Optional[str] = None) -> None: ...
+
     def __init__(
         self,
-        q: qs.Queen,
-        name: str,
+        client: Optional[qs.Queen] = None,
+        name: Optional[str] = None,
         *,
         ttl: Duration,
         on_elected: Optional[Callable[[int], Any]] = None,
         on_deposed: Optional[Callable[[str], Any]] = None,
         identity: Optional[str] = None,
+        q: Optional[qs.Queen] = None,
     ) -> None:
+        self._q = _the_client(client, q, "LeaderElection")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{what} must be callable")
         owner = identity if identity is not None else _mint_identity()
-        self.lock = q.lock(name, ttl=ttl, owner=owner)
+        self.lock = self._q.lock(name, ttl=ttl, owner=owner)
         self.name = name
         self.identity = self.lock.owner
         self.retry_every = self.lock.renew_every
-        self._q = q
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._wake = threading.Event()
@@ -246,6 +266,20 @@ class LeaderElection:
     def __repr__(self) -> str:
         state = f"leading token={self.token}" if self.is_leader else "following"
         return f"<LeaderElection {self.name!r} {state} identity={self.identity!r}>"
+
+
+def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
+    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
+    if q is None:
+        if client is None:
+            raise TypeError(f"{where}() needs the client as its first argument (client=)")
+        return client
+    if client is not None:
+        raise TypeError(f"{where}() got both client and q=; pass only client")
+    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
+    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
+                  DeprecationWarning, stacklevel=3)
+    return q
 
 
 def _mint_identity() -> str:

@@ -2,7 +2,7 @@
 
 ```python
 import queen_sync as qs
-from recipes.run_queue import RunQueue
+from queen_sync.recipes.run_queue import RunQueue
 
 with qs.Queen() as q:
     runs = RunQueue(q, "thumbnails")
@@ -50,9 +50,12 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, List, Optional, Union, overload
+
+from typing_extensions import deprecated
 
 import queen_sync as qs
 
@@ -66,6 +69,9 @@ Duration = Union[float, timedelta, str]
 #: The namespace of every queue's records: ``<queue>/run|claim|state|done/<run id>``.
 RUNS_NS = "queen-sync.runs"
 #: The namespace the engines keep lock permits in (``<lock name>#<slot>``, version = token).
+#: Reading it lets one batch list every claim with the runs. queen_sync exports no public
+#: name for it (nor for splitting a permit key), so this copy of the wire rule must follow
+#: the wire if it ever changes.
 _PERMITS_NS = "queen-locks"
 _LOCK_PREFIX = "queen-sync.run-queue/"
 _PROCESS_HOLDER: dict[int, str] = {}
@@ -81,6 +87,20 @@ def default_holder() -> str:
 
 def _utc(epoch_ms: Optional[int]) -> Optional[datetime]:
     return None if epoch_ms is None else datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+
+
+def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
+    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
+    if q is None:
+        if client is None:
+            raise TypeError(f"{where}() needs the client as its first argument (client=)")
+        return client
+    if client is not None:
+        raise TypeError(f"{where}() got both client and q=; pass only client")
+    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
+    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
+                  DeprecationWarning, stacklevel=3)
+    return q
 
 
 def _check_id(value: Any, what: str, max_bytes: int) -> str:
@@ -253,15 +273,24 @@ class RunQueue:
     """A named queue of runs in the client's engine.
 
     Args:
-        q: the client.
+        client: the client whose engine keeps the queue (``q=`` is a deprecated
+            spelling of this keyword).
         name: the queue's name (1..64 bytes, no ``/`` or ``#``).
     """
 
-    def __init__(self, q: qs.Queen, name: str) -> None:
-        _check_id(name, "queue name", 64)
+    @overload
+    def __init__(self, client: qs.Queen, name: str) -> None: ...
+
+    @overload
+    @deprecated("RunQueue(q=...) is deprecated: pass client=...")
+    def __init__(self, *, q: qs.Queen, name: str) -> None: ...
+
+    def __init__(self, client: Optional[qs.Queen] = None, name: Optional[str] = None, *,
+                 q: Optional[qs.Queen] = None) -> None:
+        self._q = _the_client(client, q, "RunQueue")
+        name = _check_id(name, "queue name", 64)
         if "/" in name:
             raise ValueError(f"queue name {name!r} must not contain '/'")
-        self._q = q
         self.name = name
 
     def _key(self, kind: str, run_id: str) -> str:
@@ -424,7 +453,7 @@ def _claims(records: list[dict[str, Any]], permits: list[dict[str, Any]]) -> dic
         out[row["key"]] = ClaimInfo(value["holder"], int(value["fence"]),
                                     _utc(value.get("expiresAt")), expired=True)
     for row in permits:
-        run_id = row["key"].rsplit("#", 1)[0]
+        run_id = row["key"].rsplit("#", 1)[0]  # a permit key is <lock name>#<slot>
         owner = str((row.get("value") or {}).get("owner", ""))
         out[run_id] = ClaimInfo(owner.rsplit("/", 1)[0], int(row["version"]),
                                 _utc(row.get("expiresAt")), expired=False)

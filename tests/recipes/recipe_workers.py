@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 # ---- the driving side ----------------------------------------------------------------------
@@ -33,12 +32,11 @@ class Worker:
     def __init__(self, role: str, events: Path, **args: Any) -> None:
         self.events_path = events
         self.stderr_path = events.with_suffix(".stderr")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, str(HERE / "recipe_workers.py"), role,
                  json.dumps({**args, "events": str(events)})],
-                env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+                stdout=subprocess.DEVNULL, stderr=stderr)
         self.name = str(args.get("me", role))
 
     def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
@@ -156,7 +154,7 @@ class _Reporter:
 def candidate(args: dict[str, Any]) -> None:
     """Campaign; while leading, write to the fenced log in batches under one token read."""
     import queen_sync as qs
-    from recipes.leader_election import LeaderElection
+    from queen_sync.recipes.leader_election import LeaderElection
 
     report = _Reporter(args["events"], args["me"])
     sink = FencedLog(Path(args["log"]))
@@ -184,7 +182,7 @@ def candidate(args: dict[str, Any]) -> None:
 def exporter(args: dict[str, Any]) -> None:
     """Export partitions p00..pNN to a FencedDirectory, slowly, reporting each step."""
     import queen_sync as qs
-    from recipes.fenced_export import FencedDirectory, FencedExport
+    from queen_sync.recipes.fenced_export import FencedDirectory, FencedExport
 
     report = _Reporter(args["events"], args["me"])
     q = qs.Queen(args["url"])
@@ -214,7 +212,7 @@ def export_lock_token(q: Any, name: str) -> Optional[int]:
 def queue_worker(args: dict[str, Any]) -> None:
     """Drain a run queue with ``work``; optionally hang (mid-run) on the Nth run."""
     import queen_sync as qs
-    from recipes.run_queue import Claim, RunQueue
+    from queen_sync.recipes.run_queue import Claim, RunQueue
 
     report = _Reporter(args["events"], args["me"])
     q = qs.Queen(args["url"])
@@ -239,7 +237,7 @@ def queue_worker(args: dict[str, Any]) -> None:
 def stale_claimer(args: dict[str, Any]) -> None:
     """Claim one run, wait for the go file, then try to checkpoint it."""
     import queen_sync as qs
-    from recipes.run_queue import RunQueue
+    from queen_sync.recipes.run_queue import RunQueue
 
     report = _Reporter(args["events"], args["me"])
     q = qs.Queen(args["url"])

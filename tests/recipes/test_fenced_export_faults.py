@@ -12,7 +12,7 @@ import pytest
 from recipe_workers import Spawn
 
 import queen_sync as qs
-from recipes.fenced_export import PROGRESS_NS, FencedDirectory
+from queen_sync.recipes.fenced_export import PROGRESS_NS, FencedDirectory
 
 TTL = 1.0
 PARTITIONS = 8

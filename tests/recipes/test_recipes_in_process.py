@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import threading
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 import pytest
 
 import queen_sync as qs
-from recipes import fenced_export, leader_election, run_queue
-from recipes.fenced_export import FencedDirectory, FencedExport, FencedKv
-from recipes.leader_election import LeaderElection
-from recipes.run_queue import RunQueue
+from queen_sync.recipes import fenced_export, leader_election, run_queue
+from queen_sync.recipes.fenced_export import FencedDirectory, FencedExport, FencedKv
+from queen_sync.recipes.leader_election import LeaderElection
+from queen_sync.recipes.run_queue import RunQueue
 
 
 def _example(module: ModuleType) -> str:
@@ -57,6 +59,69 @@ class TestBadArgumentsAreRefusedBeforeAnyIo:
                     call()
             assert not q.kv.list_all("queen-sync.runs", "ok/"), "a refused call wrote something"
         assert FencedDirectory(tmp_path).token() == 0, "a refused write raised the mark"
+
+
+def _read_nothing(sink: FencedKv) -> None:
+    with pytest.raises(KeyError):
+        sink.read("none")
+
+
+#: Each recipe built from a client given as ``**how``, and a call that needs that client.
+BUILDERS: dict[str, tuple[Callable[..., Any], Callable[[Any], object]]] = {
+    "RunQueue": (lambda **how: RunQueue(name="jobs", **how), lambda made: made.list()),
+    "FencedKv": (lambda **how: FencedKv(ns="ns", **how), _read_nothing),
+    "FencedExport": (lambda **how: FencedExport(name="exp", sink=FencedDirectory("."), ttl=5,
+                                                **how),
+                     lambda made: made.finished()),
+    "LeaderElection": (lambda **how: LeaderElection(name="el", ttl=5, **how),
+                       lambda made: made.leader()),
+}
+
+
+class TestTheClientParameter:
+    @pytest.mark.parametrize("recipe", sorted(BUILDERS))
+    def test_client_by_keyword_works_and_the_old_q_keyword_still_does_with_a_warning(
+            self, recipe: str, sqlite_url: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.chdir(tmp_path)
+        build, use = BUILDERS[recipe]
+        with qs.Queen(sqlite_url) as q:
+            use(build(client=q))
+            with pytest.warns(DeprecationWarning, match=r"q=.*client=") as warned:
+                use(build(q=q))
+            with pytest.raises(TypeError, match="client"):
+                build(client=q, q=q)
+            with pytest.raises(TypeError, match="client"):
+                build()
+
+        assert len(warned) == 1, f"{recipe}(q=...) warned {len(warned)} times"
+        assert warned[0].filename == __file__, (
+            f"the warning points at {warned[0].filename}, not at the caller")
+
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Imports of queen_sync's private modules, and ``qs._name`` reads, in one recipe file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        found += [name for name in names if name.startswith("queen_sync._")]
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "qs" and node.attr.startswith("_")):
+            found.append(f"qs.{node.attr} (line {node.lineno})")
+    return found
+
+
+class TestTheRecipesUseOnlyThePublicApi:
+    def test_no_recipe_imports_a_private_module_or_reads_a_private_name(self) -> None:
+        files = sorted(RECIPES.glob("*.py"))
+        private = {path.name: _private_uses(path) for path in files}
+
+        assert len(files) >= 4, f"the recipes were not found in {RECIPES}: {files}"
+        assert not any(private.values()), f"recipes reach past the public API: {private}"
 
 
 class TestFencedDirectory:

@@ -11,7 +11,7 @@ import pytest
 from recipe_workers import Spawn
 
 import queen_sync as qs
-from recipes.run_queue import RunQueue
+from queen_sync.recipes.run_queue import RunQueue
 
 TTL = 1.0
 RENEW = TTL / 3
