@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ._client import Locks, Queen, connect
 from ._default import default_client
-from ._durations import parse_duration
+from ._durations import Duration, parse_duration
 from ._engines.base import Capabilities, Engine
 from ._errors import (
     EngineError,
@@ -41,6 +41,7 @@ from ._version import __version__
 
 __all__ = [
     "Capabilities",
+    "Duration",
     "Engine",
     "EngineError",
     "EngineUnavailableError",

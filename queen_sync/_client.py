@@ -6,7 +6,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union, overload
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._durations import Duration, lifetime, wire_seconds
@@ -18,12 +18,11 @@ from ._handle.lock import Lock
 from ._handle.renewer import Renewer
 from ._handle.transaction import Transaction
 from ._metrics import Metrics
-from ._ops import LockOps, check_int
+from ._ops import MAX_LIMIT, LockOps, check_int
 from ._process import EXIT_BUDGET, forget, track
 from ._results import Result
 
 log = logging.getLogger("queen_sync")
-
 
 
 def default_url() -> str:
@@ -109,9 +108,10 @@ class Queen:
         self._threaded = renew_thread
         self._closed = False
         self.metrics = Metrics()
-        self.renewer = Renewer(self)
+        self._caller = _HandleCaller(self)
+        self.renewer = Renewer(self._caller)
         self.locks = Locks(self)
-        self.kv = Kv(self)
+        self.kv = Kv(self._caller)
         self._dispatch_queue: queue.SimpleQueue[tuple[Callable[[str], Any], str]] = (
             queue.SimpleQueue())
         self._dispatcher: Optional[threading.Thread] = None
@@ -119,6 +119,16 @@ class Queen:
         track(self, close=self.close, after_fork_in_child=self._after_fork_in_child)
 
     # ---- handles -----------------------------------------------------------------------
+
+    @overload
+    def lock(self, name: str, *, ttl: Duration, owner: Optional[str] = None,
+             auto_renew: bool = True, renew_every: Optional[Duration] = None,
+             wait: Optional[Duration] = 0) -> Lock: ...
+
+    @overload
+    def lock(self, name: str, *, ttl_seconds: int, owner: Optional[str] = None,
+             auto_renew: bool = True, renew_every: Optional[Duration] = None,
+             wait: Optional[Duration] = 0) -> Lock: ...
 
     def lock(self, name: str, *, ttl: Optional[Duration] = None,
              ttl_seconds: Optional[int] = None, owner: Optional[str] = None,
@@ -128,7 +138,8 @@ class Queen:
 
         Args:
             name: the lock's name (1..256 UTF-8 bytes, no control characters, no ``#``).
-            ttl: the lease's lifetime (seconds, or text such as ``"2m"``); at most 10 years.
+            ttl: the lease's lifetime (seconds, a ``timedelta`` or text such as ``"2m"``);
+                at most 10 years. Required: there is no default lifetime.
             ttl_seconds: the lifetime as a whole number of seconds, instead of ``ttl``.
             owner: the identity the engine knows this holder by (default: a fresh
                 ``host:pid:random`` per handle). Calls from one owner count as resends, so
@@ -140,24 +151,35 @@ class Queen:
         """
         return self._handle(name, 1, ttl, ttl_seconds, owner, auto_renew, renew_every, wait)
 
+    @overload
+    def semaphore(self, name: str, limit: int, *, ttl: Duration, owner: Optional[str] = None,
+                  auto_renew: bool = True, renew_every: Optional[Duration] = None,
+                  wait: Optional[Duration] = 0) -> Lock: ...
+
+    @overload
+    def semaphore(self, name: str, limit: int, *, ttl_seconds: int,
+                  owner: Optional[str] = None, auto_renew: bool = True,
+                  renew_every: Optional[Duration] = None,
+                  wait: Optional[Duration] = 0) -> Lock: ...
+
     def semaphore(self, name: str, limit: int, *, ttl: Optional[Duration] = None,
                   ttl_seconds: Optional[int] = None, owner: Optional[str] = None,
                   auto_renew: bool = True, renew_every: Optional[Duration] = None,
                   wait: Optional[Duration] = 0) -> Lock:
-        """A handle on ONE of ``limit`` permits of ``name``."""
-        check_int(limit, "limit", low=1, high=1024)
+        """A handle on ONE of ``limit`` permits of ``name`` (arguments as for ``lock``)."""
+        check_int(limit, "limit", low=1, high=MAX_LIMIT)
         return self._handle(name, limit, ttl, ttl_seconds, owner, auto_renew, renew_every, wait)
 
     def _handle(self, name: str, limit: int, ttl: Optional[Duration], ttl_seconds: Optional[int],
                 owner: Optional[str], auto_renew: bool, renew_every: Optional[Duration],
                 wait: Optional[Duration]) -> Lock:
         self._check_open()
-        return Lock(self, name, ttl=lifetime(ttl, ttl_seconds), limit=limit, owner=owner,
+        return Lock(self._caller, name, ttl=lifetime(ttl, ttl_seconds), limit=limit, owner=owner,
                     auto_renew=auto_renew, renew_every=renew_every, wait=wait)
 
     def transaction(self) -> Transaction:
         """A bundle of KV writes that commit together; ``.guard(lock)`` fences it."""
-        return Transaction(self)
+        return Transaction(self._caller)
 
     @property
     def engine(self) -> Engine:
@@ -248,8 +270,8 @@ class Queen:
         if held:
             _bounded(lambda: self._release_all(held), timeout)
         self._closed = True
+        forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
-        forget(self)
 
     @staticmethod
     def _release_all(held: list[Lock]) -> None:
@@ -261,10 +283,6 @@ class Queen:
                             lock.name, exc_info=True)
 
     def _after_fork_in_child(self) -> None:
-        # The child has one thread: read the renewer's table without its mutex, which a
-        # parent thread may have held at the fork and nobody will ever release here.
-        for lock in list(self.renewer._locks.values()):
-            lock._forget_after_fork()
         self.renewer.after_fork()
         self._dispatch_queue = queue.SimpleQueue()
         self._dispatcher = None
@@ -281,6 +299,49 @@ class Queen:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.renewer.held())} held"
         return f"<Queen {self._engine.kind} {self.url} {state}>"
+
+
+class _HandleCaller:
+    """The client as its handles see it (the ``Caller`` protocol), and no more of it."""
+
+    def __init__(self, client: Queen) -> None:
+        self._client = client
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    @property
+    def clock(self) -> Clock:
+        return self._client._clock
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._client.metrics  # replaced in a forked child: read it at use time
+
+    @property
+    def renewer(self) -> Renewer:
+        return self._client.renewer
+
+    @property
+    def renew_thread(self) -> bool:
+        return self._client._threaded
+
+    @property
+    def engine(self) -> Engine:
+        return self._client._engine
+
+    def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
+        return self._client._call_locks(ops)
+
+    def call_kv(self, ops: list[dict[str, Any]]) -> list[Result]:
+        return self._client._call_kv(ops)
+
+    def call_transaction(self, body: dict[str, Any]) -> Result:
+        return self._client._call_transaction(body)
+
+    def dispatch(self, handler: Callable[[str], Any], reason: str) -> None:
+        self._client._dispatch(handler, reason)
 
 
 def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Queen:

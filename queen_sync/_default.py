@@ -6,6 +6,7 @@ import threading
 from typing import Optional
 
 from ._client import Queen, default_url
+from ._process import tracked
 
 _mutex = threading.Lock()
 _client: Optional[Queen] = None
@@ -27,10 +28,10 @@ def default_client() -> Queen:
     url = default_url()
     with _mutex:
         current = _client
-        if current is not None and not current._closed and _built_for == url:
+        if current is not None and tracked(current) and _built_for == url:
             return current
         _client, _built_for = Queen(url), url
         fresh = _client
-    if current is not None and not current._closed and not current.renewer.held():
+    if current is not None and tracked(current) and not current.renewer.held():
         current.close()
     return fresh

@@ -1,4 +1,4 @@
-"""Lifetimes: the one parser of durations and expiry arguments."""
+"""Lifetimes: the one parser of durations and expiry arguments, and how times read as text."""
 
 from __future__ import annotations
 
@@ -71,6 +71,17 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def seconds_text(seconds: Optional[float]) -> str:
+    """Seconds left as ``55.0s`` (never below zero), or ``never`` for no expiry."""
+    return "never" if seconds is None else f"{max(0.0, seconds):.1f}s"
+
+
+def utc_text(epoch_ms: float) -> str:
+    """An engine time (epoch milliseconds) as ``2024-05-01 12:00:01 UTC``."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def wire_seconds(seconds: float) -> int:

@@ -31,6 +31,11 @@ def forget(client: Any) -> None:
     _TRACKED.pop(client, None)
 
 
+def tracked(client: Any) -> bool:
+    """True from ``track`` until ``forget``: a client forgets itself as it closes."""
+    return client in _TRACKED
+
+
 def clients() -> list[Any]:
     """The clients alive in this process now."""
     return list(_TRACKED.keys())

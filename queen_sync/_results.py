@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, Optional, Sequence, TypeVar
 
+from ._durations import seconds_text, utc_text
+
 T = TypeVar("T")
 
 _VERDICTS = ("acquired", "renewed", "released", "applied", "found", "success", "held")
@@ -29,14 +31,13 @@ class Result(dict):  # type: ignore[type-arg]  # a plain JSON dict, keys are the
         return f"Result({dict.__repr__(self)})"
 
 
-def as_result(answer: Mapping[str, Any]) -> Result:
-    return Result(answer)
-
-
-def _expires_in(expires_at_ms: Optional[int]) -> str:
-    if expires_at_ms is None:
-        return "never"
-    return f"{max(0.0, expires_at_ms / 1000 - time.time()):.1f}s"
+def describe_holders(holders: Sequence[Holder]) -> str:
+    """``slot 0 held by OWNER since 2024-05-01 12:00:01 UTC, expires in 55.0s (token 7)``; ..."""
+    if not holders:
+        return "no holder reported"
+    return "; ".join(
+        f"slot {h.slot} held by {h.owner} since {utc_text(h.since)}, expires in "
+        f"{seconds_text(h.expires_in)} (token {h.token})" for h in holders)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Holder:
 
     def describe(self) -> str:
         return (f"slot {self.slot} held by {self.owner} (token {self.token}, "
-                f"expires in {_expires_in(self.expires_at)})")
+                f"expires in {seconds_text(self.expires_in)})")
 
     def _repr_html_(self) -> str:
         from ._notebook.html import holders_html

@@ -154,3 +154,82 @@ class TestTheFolders:
     def test_every_module_belongs_to_a_known_layer(self) -> None:
         unknown = sorted(m for m in modules() if layer_of(m) not in RANKS)
         assert not unknown, f"give these a layer in RANKS: {unknown}"
+
+
+# ---- private members stay in the module that defines them ------------------------------------
+
+# (module, attribute) -> why that module may touch another module's private member.
+REACH_IN_ALLOWED: dict[tuple[str, str], str] = {
+    ("queen_sync.testing._core", "_token"): (
+        "paused() freezes a handle from outside, as a stopped process would be frozen: it "
+        "reads the token the handle still believes in, whatever its local deadline"),
+    ("queen_sync.testing._core", "_client"): (
+        "paused() takes the handle off its client's renewer and puts it back after"),
+}
+
+
+def _is_private(attr: str) -> bool:
+    return attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__"))
+
+
+def defined_names(tree: ast.AST) -> set[str]:
+    """What a module defines: functions, classes, names it binds, ``self.x``/``cls.x`` it sets."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            names.add(node.attr)
+    return names
+
+
+def reach_ins(trees: dict[str, ast.AST]) -> list[tuple[str, int, str]]:
+    """``x._name`` (x not ``self``/``cls``) where ``_name`` is defined in another module only.
+
+    Judged by name, not by type: a private name the module defines itself is taken as its
+    own. That misses a reach-in whose name collides with one of the module's own members,
+    and never flags one that is not there.
+    """
+    defined = {name: defined_names(tree) for name, tree in trees.items()}
+    found = []
+    for name, tree in trees.items():
+        elsewhere = set().union(*(d for other, d in defined.items() if other != name))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in elsewhere and node.attr not in defined[name]:
+                found.append((name, node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def _package_trees() -> dict[str, ast.AST]:
+    return {name: ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for name, path in modules().items()}
+
+
+class TestPrivateMembers:
+    def test_no_module_reaches_into_another_modules_private_members(self) -> None:
+        found = [f"{module}:{line}: {text}" for module, line, text in reach_ins(_package_trees())
+                 if (module, text.rsplit(".", 1)[1]) not in REACH_IN_ALLOWED]
+        assert not found, ("use the owner's interface (or allow-list it with a reason):\n"
+                           + "\n".join(found))
+
+    def test_every_allowed_reach_in_still_happens(self) -> None:
+        seen = {(module, text.rsplit(".", 1)[1])
+                for module, _, text in reach_ins(_package_trees())}
+        stale = sorted(set(REACH_IN_ALLOWED) - seen)
+        assert not stale, f"allow-list entries nothing needs any more: {stale}"
+
+    def test_a_reach_in_is_found_and_own_members_are_not(self) -> None:
+        trees = {
+            "a": ast.parse("class A:\n    def __init__(self):\n        self._x = 1\n"
+                           "    def peek(self, other):\n        return other._x\n"),
+            "b": ast.parse("def f(a):\n    return a._x, a.__class__, a._unknown\n"),
+        }
+        assert reach_ins(trees) == [("b", 2, "a._x")], (
+            "only b's use of a's private member is a reach-in")

@@ -8,7 +8,7 @@ import sys
 import queen_sync
 
 INTENDED = {
-    "Capabilities", "Engine", "EngineError", "EngineUnavailableError", "FencedOutError",
+    "Capabilities", "Duration", "Engine", "EngineError", "EngineUnavailableError", "FencedOutError",
     "Holder", "Kv", "Lock", "LockBusyError", "LockError", "LockLostError", "LockNotHeldError",
     "Locks", "Metrics", "ProtocolError", "Queen", "QueenError", "QueenHttpError",
     "RequestError", "Result", "RunResult", "StoreReplacedError", "Transaction",

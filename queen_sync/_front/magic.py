@@ -21,8 +21,8 @@ import linecache
 import shlex
 from typing import Any, NoReturn, Optional
 
+from .._results import describe_holders
 from .cli import duration_arg, wait_arg
-from .singleton import describe_holders
 
 _USAGE_EXAMPLE = "%%lock retrain --ttl 10m --wait 30s"
 

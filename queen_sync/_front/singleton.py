@@ -25,7 +25,6 @@ cannot close it).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import logging
 import math
@@ -33,6 +32,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -41,7 +41,6 @@ from typing import (
     Iterator,
     Literal,
     Optional,
-    Sequence,
     TypeVar,
     Union,
     overload,
@@ -49,11 +48,12 @@ from typing import (
 
 from typing_extensions import Concatenate, ParamSpec
 
-from .._durations import Duration, parse_duration
+from .._durations import Duration, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
 from .._handle.lock import Lock, wait_seconds
 from .._ops import check_name
-from .._results import Holder, Result
+from .._results import Result
+from .._results import describe_holders as describe_holders  # the CLI imports it here
 
 if TYPE_CHECKING:
     from .._client import Queen
@@ -74,6 +74,7 @@ ONCE_NS = "queen-jobs"
 _ON_BUSY = ("skip", "raise", "wait")
 _ON_LOST = ("interrupt", "exit", "ignore")
 _wall: Callable[[], float] = time.time  # the wall clock periods are cut on (tests replace it)
+_utc = utc_text  # the name the CLI imports it by
 
 
 @dataclass(frozen=True)
@@ -83,26 +84,10 @@ class _Spec:
     wait: float
     on_busy: str
     on_lost: OnLost
-    queen: Optional[Queen]
+    client: Optional[Queen]
     bind: bool
     once_per: Optional[float]
     supervision: Optional[str]
-
-
-def describe_holders(holders: Sequence[Holder]) -> str:
-    """``slot 0 held by OWNER since 12:00:01 UTC, expires in 55.0s`` for each holder."""
-    if not holders:
-        return "no holder reported"
-    return "; ".join(
-        f"slot {h.slot} held by {h.owner} since {_utc(h.since)}, expires in "
-        f"{'never' if h.expires_in is None else f'{max(0.0, h.expires_in):.1f}s'} "
-        f"(token {h.token})"
-        for h in holders)
-
-
-def _utc(epoch_ms: float) -> str:
-    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @overload
@@ -112,25 +97,27 @@ def singleton_job(name: Callable[P, T], /) -> Callable[P, Optional[T]]: ...
 @overload
 def singleton_job(name: Optional[str] = None, *, ttl: Duration = 60, wait: Duration = 0,
                   on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
-                  queen: Optional[Queen] = None, bind: Literal[False] = False,
+                  client: Optional[Queen] = None, bind: Literal[False] = False,
                   once_per: Optional[Duration] = None, supervision: Optional[str] = None,
+                  queen: Optional[Queen] = None,
                   ) -> Callable[[Callable[P, T]], Callable[P, Optional[T]]]: ...
 
 
 @overload
 def singleton_job(name: Optional[str] = None, *, ttl: Duration = 60, wait: Duration = 0,
                   on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
-                  queen: Optional[Queen] = None, bind: Literal[True],
+                  client: Optional[Queen] = None, bind: Literal[True],
                   once_per: Optional[Duration] = None, supervision: Optional[str] = None,
+                  queen: Optional[Queen] = None,
                   ) -> Callable[[Callable[Concatenate[Lock, P], T]],
                                 Callable[P, Optional[T]]]: ...
 
 
 def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
                   on_busy: OnBusy = "skip", on_lost: OnLost = "interrupt",
-                  queen: Optional[Queen] = None, bind: bool = False,
+                  client: Optional[Queen] = None, bind: bool = False,
                   once_per: Optional[Duration] = None, supervision: Optional[str] = None,
-                  ) -> Any:
+                  queen: Optional[Queen] = None) -> Any:
     """Run the decorated function only while holding the lease ``name``.
 
     Use it bare (``@singleton_job``: the name is the function's module and
@@ -149,7 +136,7 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
             the main thread (elsewhere it only logs and sets ``lock.lost``);
             ``"exit"`` logs and ends the process with exit code 76; ``"ignore"``
             only sets ``lock.lost``; a callable is called with the lock.
-        queen: the client; None uses ``queen_sync.default_client()`` at call time.
+        client: the client; None uses ``queen_sync.default_client()`` at call time.
         bind: pass the lock as the first argument (for plain functions; a method
             reads ``queen_sync.current_lock()`` instead).
         once_per: run at most once per period (e.g. ``"1d"``: one UTC day) across
@@ -157,22 +144,42 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
             by whom it ran.
         supervision: a group name: publish the job's status into the KV namespace
             ``queen-supervisor`` while it runs (off by default: no thread, no traffic).
+        queen: the old name of ``client`` (deprecated: it warns).
 
     Raises:
         TypeError, ValueError: at decoration, for a bad argument (nothing is sent).
     """
+    client = _client_argument(client, queen)
     if callable(name) and not isinstance(name, str):
-        return _decorate(_spec(None, ttl, wait, on_busy, on_lost, queen, bind, once_per,
+        return _decorate(_spec(None, ttl, wait, on_busy, on_lost, client, bind, once_per,
                                supervision), name)
-    spec = _spec(name, ttl, wait, on_busy, on_lost, queen, bind, once_per, supervision)
+    spec = _spec(name, ttl, wait, on_busy, on_lost, client, bind, once_per, supervision)
     return functools.partial(_decorate, spec)
 
 
-def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_lost: OnLost,
-          queen: Optional[Queen], bind: bool, once_per: Optional[Duration],
-          supervision: Optional[str]) -> _Spec:
+def _check_client(client: Optional[Queen], keyword: str) -> None:
     from .._client import Queen
 
+    if client is not None and not isinstance(client, Queen):
+        raise TypeError(f"{keyword} must be a queen_sync.Queen or None, "
+                        f"not {type(client).__name__}")
+
+
+def _client_argument(client: Optional[Queen], queen: Optional[Queen]) -> Optional[Queen]:
+    """``client``, or the deprecated ``queen`` (with a warning pointing at the decorated line)."""
+    if queen is None:
+        return client
+    if client is not None:
+        raise TypeError("give client= only (queen= is its deprecated old name)")
+    _check_client(queen, "queen")
+    warnings.warn("singleton_job(queen=...) is deprecated; pass client=... instead",
+                  DeprecationWarning, stacklevel=3)
+    return queen
+
+
+def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_lost: OnLost,
+          client: Optional[Queen], bind: bool, once_per: Optional[Duration],
+          supervision: Optional[str]) -> _Spec:
     if name is not None:
         check_name(name)
     if on_busy not in _ON_BUSY:
@@ -182,14 +189,13 @@ def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_l
     waiting = wait_seconds(wait)
     if on_busy == "wait" and waiting <= 0:
         raise ValueError('on_busy="wait" needs wait= (how long to wait), e.g. wait="30s"')
-    if queen is not None and not isinstance(queen, Queen):
-        raise TypeError(f"queen must be a queen_sync.Queen or None, not {type(queen).__name__}")
+    _check_client(client, "client")
     if not isinstance(bind, bool):
         raise TypeError("bind must be True or False")
     if supervision is not None and (not isinstance(supervision, str) or not supervision):
         raise ValueError("supervision must be a non-empty group name")
     period = parse_duration(once_per, what="once_per") if once_per is not None else None
-    return _Spec(name, parse_duration(ttl, what="ttl"), waiting, on_busy, on_lost, queen, bind,
+    return _Spec(name, parse_duration(ttl, what="ttl"), waiting, on_busy, on_lost, client, bind,
                  period, supervision)
 
 
@@ -215,7 +221,7 @@ def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Sup
           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[T]:
     from .._default import default_client
 
-    client = spec.queen if spec.queen is not None else default_client()
+    client = spec.client if spec.client is not None else default_client()
     period = _Period(name, spec.once_per) if spec.once_per is not None else None
     if period is not None and period.done(client):
         return None
@@ -279,7 +285,7 @@ def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
                 raise
             raise LockLostError(f"job {lock.name!r} stopped: its lease was lost "
                                 f"({lock.lost_reason})", name=lock.name,
-                                reason=lock.lost_reason, token=lock._last_token) from exc
+                                reason=lock.lost_reason, token=lock.last_token) from exc
 
 
 def _exit_lost(lock: Lock, reason: str) -> None:
@@ -367,7 +373,7 @@ class _Period:
             return False
         value = found.get("value") or {}
         finished = value.get("finished") if isinstance(value, dict) else None
-        when = _utc(finished) if isinstance(finished, (int, float)) else "an unknown time"
+        when = utc_text(finished) if isinstance(finished, (int, float)) else "an unknown time"
         who = value.get("owner") if isinstance(value, dict) else None
         log.info("job %r skipped: it already ran in this %s period, finished at %s by %s",
                  self.name, _span(self.seconds), when, who or "an unknown owner")

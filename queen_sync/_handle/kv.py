@@ -9,8 +9,8 @@ from .._durations import Duration, expiry_fields
 from .._ops import KvOps
 
 if TYPE_CHECKING:
-    from .._client import Queen
     from .._results import Result
+    from .caller import Caller
 
 _UNSET: Any = ...
 
@@ -61,11 +61,11 @@ class Kv:
 
     op = KvOpBuilders
 
-    def __init__(self, client: Queen) -> None:
+    def __init__(self, client: Caller) -> None:
         self._client = client
 
     def _one(self, op: dict[str, Any]) -> Result:
-        return self._client._call_kv([op])[0]
+        return self._client.call_kv([op])[0]
 
     def batch(self, ops: Sequence[dict[str, Any]]) -> list[Result]:
         """Send several ops in one call; one answer per op, in order, each with its ``index``.
@@ -76,7 +76,7 @@ class Kv:
         ``failedIndex``; every other op answers ``{"index": i, "applied": False,
         "reason": "rolled_back", "failedIndex": k}``.
         """
-        return self._client._call_kv(list(ops))
+        return self._client.call_kv(list(ops))
 
     def get(self, ns: str, key: str) -> Result:
         return self._one(KvOps.get(ns, key))
@@ -100,21 +100,40 @@ class Kv:
                 return rows
             after = page["nextAfter"]
 
-    def put(self, ns: str, key: str, value: Any, **options: Any) -> Result:
-        return self._one(KvOpBuilders.put(ns, key, value, **options))
+    def put(self, ns: str, key: str, value: Any, *, ttl: Optional[Duration] = None,
+            ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
+            forever: bool = False, expect: Any = _UNSET, required: bool = False) -> Result:
+        """Write ``value``; with ``expect``, only while the key is at that version."""
+        return self._one(KvOpBuilders.put(ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds,
+                                          until=until, forever=forever, expect=expect,
+                                          required=required))
 
-    def put_if_absent(self, ns: str, key: str, value: Any, **options: Any) -> Result:
-        return self._one(KvOpBuilders.put_if_absent(ns, key, value, **options))
+    def put_if_absent(self, ns: str, key: str, value: Any, *, ttl: Optional[Duration] = None,
+                      ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
+                      forever: bool = False, required: bool = False) -> Result:
+        """Write ``value`` only when no live row holds the key."""
+        return self._one(KvOpBuilders.put_if_absent(
+            ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever,
+            required=required))
 
     def delete(self, ns: str, key: str, *, expect: Any = _UNSET) -> Result:
         return self._one(KvOpBuilders.delete(ns, key, expect=expect))
 
-    def incr(self, ns: str, key: str, **options: Any) -> Result:
-        return self._one(KvOpBuilders.incr(ns, key, **options))
+    def incr(self, ns: str, key: str, *, delta: float = 1, min: Optional[float] = None,
+             max: Optional[float] = None, ttl: Optional[Duration] = None,
+             ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
+             forever: bool = False, required: bool = False) -> Result:
+        """Add ``delta``, refusing to pass ``min``/``max``; the expiry applies on creation."""
+        return self._one(KvOpBuilders.incr(
+            ns, key, delta=delta, min=min, max=max, ttl=ttl, ttl_seconds=ttl_seconds,
+            until=until, forever=forever, required=required))
 
     def check(self, ns: str, key: str, *, expect: int) -> Result:
         return self._one(KvOps.check(ns, key, expect=expect))
 
-    def once(self, ns: str, key: str, *, value: Any = True, **expiry: Any) -> bool:
+    def once(self, ns: str, key: str, *, value: Any = True, ttl: Optional[Duration] = None,
+             ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
+             forever: bool = False) -> bool:
         """True the first time ``key`` is claimed within its lifetime, False after."""
-        return bool(self.put_if_absent(ns, key, value, **expiry))
+        return bool(self.put_if_absent(ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds,
+                                       until=until, forever=forever))

@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from typing_extensions import ParamSpec
 
-from .._clock import Clock
 from .._durations import Duration, parse_duration, wire_seconds
 from .._errors import LockLostError, LockNotHeldError, UnsupportedOperationError
 from .._notebook.rerun import cell_number, supersede_earlier
-from .._ops import LockOps, check_int, check_name, check_owner, guard_op, mint_owner
+from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
 from .._results import Holder, RunResult, holders_from_wire
 
 if TYPE_CHECKING:
-    from .._client import Queen
+    from .caller import Caller
 
 log = logging.getLogger("queen_sync")
 P = ParamSpec("P")
@@ -37,7 +36,6 @@ _current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
 )
 
 _MAX_BACKOFF = 1.0
-_LOSS_REASONS = ("renew", "guard", "expired")
 
 
 def current_lock() -> Optional[Lock]:
@@ -87,7 +85,7 @@ class Lock:
 
     def __init__(
         self,
-        client: Queen,
+        client: Caller,
         name: str,
         *,
         ttl: float,
@@ -98,7 +96,7 @@ class Lock:
         wait: Optional[Duration] = 0,
     ) -> None:
         self.name = check_name(name)
-        self.limit = check_int(limit, "limit", low=1, high=1024)
+        self.limit = check_int(limit, "limit", low=1, high=MAX_LIMIT)
         self.owner = check_owner(owner) if owner is not None else mint_owner()
         if not isinstance(auto_renew, bool):
             raise TypeError("auto_renew must be True or False")
@@ -147,14 +145,14 @@ class Lock:
     @property
     def held(self) -> bool:
         """True while this handle has a token and its local deadline has not passed."""
-        return self._token is not None and self._clock().monotonic() < self._deadline
+        return self._token is not None and self._client.clock.monotonic() < self.deadline
 
     @property
     def remaining(self) -> float:
         """Seconds before the local deadline (a lower bound on the engine's), 0 when not held."""
         if self._token is None:
             return 0.0
-        return max(0.0, self._deadline - self._clock().monotonic())
+        return max(0.0, self.deadline - self._client.clock.monotonic())
 
     @property
     def holders(self) -> tuple[Holder, ...]:
@@ -162,11 +160,51 @@ class Lock:
         return self._holders
 
     @property
-    def _deadline(self) -> float:
+    def last_token(self) -> Optional[int]:
+        """The token this handle held last, kept after a loss or release (for loss reports)."""
+        return self._last_token
+
+    # ---- for the renewer, transactions and notebooks (not exported, not for app code) ----
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline, on the client's monotonic clock."""
         return float(self._sent_at + self.ttl)
 
-    def _clock(self) -> Clock:
-        return self._client._clock
+    @property
+    def renew_due(self) -> float:
+        """When the next renew is due, on the client's monotonic clock (inf: never)."""
+        return self._next_renew
+
+    def try_begin_call(self) -> bool:
+        """Claim this handle's one engine call without waiting; False while another runs.
+
+        A True answer must be followed by ``end_call()``.
+        """
+        return self._io.acquire(blocking=False)
+
+    def end_call(self) -> None:
+        self._io.release()
+
+    def await_renewal(self) -> None:
+        """Wait for a renew (or other engine call of this handle) in flight to land."""
+        with self._io:
+            pass
+
+    @property
+    def engine_url(self) -> str:
+        """The URL (without credentials) of the engine this handle's client talks to."""
+        return self._client.url
+
+    @property
+    def taken_in(self) -> tuple[Optional[int], Optional[int]]:
+        """The thread id and IPython cell (None outside IPython) of the acquire holding now."""
+        return self._taken_in, self._cell
+
+    @property
+    def in_block(self) -> bool:
+        """True while a ``with`` or ``run`` block of this handle is running."""
+        return self._blocks > 0
 
     # ---- acquire -----------------------------------------------------------------------
 
@@ -185,7 +223,7 @@ class Lock:
             return self._attempt(started) or self._busy()
         deadline = started + budget
         backoff = 0.01
-        with self._client._engine.subscribe(self.name) as waiter:
+        with self._client.engine.subscribe(self.name) as waiter:
             while True:
                 if self._attempt(started):
                     return True
@@ -209,9 +247,9 @@ class Lock:
                              limit=self.limit if self.limit > 1 else None)
         for _ in range(3):
             with self._io:
-                sent_at = self._clock().monotonic()
+                sent_at = self._client.clock.monotonic()
                 try:
-                    answer = self._client._call_locks([op])[0]
+                    answer = self._client.call_locks([op])[0]
                 except BaseException as exc:
                     if not isinstance(exc, Exception):
                         self._abandon()  # interrupted mid-call: the engine may have granted it
@@ -254,11 +292,11 @@ class Lock:
 
     def _release_mine(self) -> bool:
         """Release every permit of ``name`` whose owner is this handle's (owners are unique)."""
-        answer = self._client._call_locks([LockOps.get(self.name)])[0]
+        answer = self._client.call_locks([LockOps.get(self.name)])[0]
         mine = [h for h in holders_from_wire(answer.get("holders")) if h.owner == self.owner]
         if not mine:
             return False
-        answers = self._client._call_locks(
+        answers = self._client.call_locks(
             [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
         return any(a.get("released") for a in answers)
 
@@ -267,49 +305,50 @@ class Lock:
     def renew(self) -> bool:
         """Renew now (a new token); False when the lease is gone (then ``lost`` is set)."""
         with self._io:
-            op = self._renew_op()
+            op = self.renew_op()
             if op is None:
                 return False
-            sent_at = self._clock().monotonic()
+            sent_at = self._client.clock.monotonic()
             try:
-                answer = self._client._call_locks([op])[0]
+                answer = self._client.call_locks([op])[0]
             except Exception:
                 self._unsure = True
                 raise
-            if self._renewed(answer, sent_at):
+            if self.apply_renewal(answer, sent_at):
                 return True
             if answer.get("renewed"):  # it came after the deadline: give that permit back
                 try:
-                    self._client._call_locks([LockOps.release(
+                    self._client.call_locks([LockOps.release(
                         self.name, token=int(answer["token"]), slot=answer.get("slot"))])
                 except Exception:
                     log.warning("could not give back lock %r renewed too late; it expires by "
                                 "itself", self.name, exc_info=True)
             return False
 
-    def _renew_op(self) -> Optional[dict[str, Any]]:
+    def renew_op(self) -> Optional[dict[str, Any]]:
+        """The renew op for the token held now (None when nothing is held)."""
         if self._token is None:
             return None
         return LockOps.renew(self.name, token=self._token, ttl_seconds=wire_seconds(self.ttl),
                              slot=self._slot, owner=self.owner)
 
-    def _renewed(self, answer: dict[str, Any], sent_at: float) -> bool:
-        """Apply a renew answer (the caller holds ``_io``); False when the lease is gone.
+    def apply_renewal(self, answer: dict[str, Any], sent_at: float) -> bool:
+        """Apply a renew answer (the caller has begun the call); False when the lease is gone.
 
         An answer that arrives after the local deadline never revives the lease: the
         loss may already have been reported, and work stopped because of it.
         """
         with self._state:
-            live = self._token is not None and self._clock().monotonic() < self._deadline
+            live = self._token is not None and self._client.clock.monotonic() < self.deadline
             if live and answer.get("renewed"):
-                self._apply_renew(answer, sent_at)
+                self._renew_took(answer, sent_at)
                 return True
-        self._lose("renew" if live else "expired")
+        self.mark_lost("renew" if live else "expired")
         return False
 
-    def _apply_renew(self, answer: dict[str, Any], sent_at: float) -> None:
+    def _renew_took(self, answer: dict[str, Any], sent_at: float) -> None:
         metrics = self._client.metrics
-        metrics.margin(self._deadline - sent_at)
+        metrics.margin(self.deadline - sent_at)
         metrics.count("renewed")
         self._token, self._slot = int(answer["token"]), int(answer["slot"])
         self._last_token = self._token
@@ -317,10 +356,10 @@ class Lock:
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
         self._unsure = False
 
-    def _renew_failed(self, now: float) -> None:
+    def renewal_failed(self, now: float) -> None:
         """A renew call got no answer: try again sooner, until the local deadline."""
         self._unsure = True
-        self._next_renew = now + min(self.renew_every, max(0.05, (self._deadline - now) / 4))
+        self._next_renew = now + min(self.renew_every, max(0.05, (self.deadline - now) / 4))
 
     # ---- release and loss --------------------------------------------------------------
 
@@ -353,13 +392,13 @@ class Lock:
         return released
 
     def _give_back(self, token: int, slot: Optional[int]) -> bool:
-        answer = self._client._call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
+        answer = self._client.call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
         if answer.get("released"):
             return True
         # A renew whose answer was lost may have moved the row past the token known here.
         return self._release_mine() if self._unsure else False
 
-    def _lose(self, reason: str) -> None:
+    def mark_lost(self, reason: str) -> None:
         """Mark the lease lost once, and run the ``on_lost`` handlers off this thread."""
         with self._state:
             if self._token is None:
@@ -372,7 +411,7 @@ class Lock:
         self._client.metrics.count(f"lost_{reason}")
         log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
         for handler in list(self._handlers):
-            self._client._dispatch(handler, reason)
+            self._client.dispatch(handler, reason)
 
     def on_lost(self, fn: Callable[[str], Any]) -> Lock:
         """Call ``fn(reason)`` (off the renewer thread) when the lease is lost; returns self."""
@@ -380,7 +419,7 @@ class Lock:
             raise TypeError("on_lost takes a callable fn(reason)")
         self._handlers.append(fn)
         if self.lost.is_set() and self.lost_reason is not None:
-            self._client._dispatch(fn, self.lost_reason)
+            self._client.dispatch(fn, self.lost_reason)
         return self
 
     # ---- using it ----------------------------------------------------------------------
@@ -406,7 +445,7 @@ class Lock:
 
         Only engines with the ``user_table_fencing`` capability (PostgreSQL) offer it.
         """
-        engine = self._client._engine
+        engine = self._client.engine
         if not engine.capabilities.user_table_fencing:
             raise UnsupportedOperationError(
                 f"{engine.kind} cannot fence writes to your own tables; use "
@@ -496,7 +535,7 @@ class Lock:
                 self._owner_thread = None
                 self._gate.notify()
 
-    def _forget_after_fork(self) -> None:
+    def forget_after_fork(self) -> None:
         """In a forked child: hold nothing (the parent still does)."""
         self._reset_state()
 

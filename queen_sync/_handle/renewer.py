@@ -27,7 +27,7 @@ from .._errors import StoreReplacedError
 from .._ops import LockOps
 
 if TYPE_CHECKING:
-    from .._client import Queen
+    from .caller import Caller
     from .lock import Lock
 
 log = logging.getLogger("queen_sync")
@@ -66,7 +66,7 @@ class _Call:
 class Renewer:
     """Keeps a client's held leases alive; ``tick()`` is one pass, the thread loops it."""
 
-    def __init__(self, client: Queen) -> None:
+    def __init__(self, client: Caller) -> None:
         self._client = client
         self._reset()
 
@@ -77,20 +77,20 @@ class Renewer:
         self._wake = threading.Event()
         self._stopping = False
         self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
-        self._deferred: dict[int, float] = {}  # lease id -> when to try one whose _io was busy
+        self._deferred: dict[int, float] = {}  # lease id -> when to try one whose call was busy
         self.ticks = 0
         self.calls = 0
 
     def register(self, lock: Lock) -> None:
         with self._mutex:
             self._locks[id(lock)] = lock
-            if self._thread is None and not self._stopping and self._client._threaded:
+            if self._thread is None and not self._stopping and self._client.renew_thread:
                 self._thread = threading.Thread(target=self._loop, name="queen_sync-renewer",
                                                 daemon=True)
                 self._thread.start()
             planned = self._planned
         # Wake the thread only when this lease needs it before it means to look anyway.
-        if planned <= 0.0 or min(lock._next_renew, lock._deadline) < planned:
+        if planned <= 0.0 or min(lock.renew_due, lock.deadline) < planned:
             self._wake.set()
 
     def unregister(self, lock: Lock) -> None:
@@ -99,7 +99,7 @@ class Renewer:
             self._deferred.pop(id(lock), None)
             idle = not self._locks
             planned = self._planned
-        if idle and (planned <= 0.0 or planned > self._client._clock.monotonic() + _LINGER):
+        if idle and (planned <= 0.0 or planned > self._client.clock.monotonic() + _LINGER):
             self._wake.set()  # let the thread see it has nothing left, linger, then exit
 
     def held(self) -> list[Lock]:
@@ -112,17 +112,17 @@ class Renewer:
 
     def tick(self) -> float:
         """One pass: expire, then renew what is due in one call. Returns seconds to the next."""
-        clock = self._client._clock
+        clock = self._client.clock
         now = clock.monotonic()
         self.ticks += 1
         live = self._expire(now)
         due = [lock for lock in live
-               if lock._next_renew <= now and self._deferred.get(id(lock), 0.0) <= now]
+               if lock.renew_due <= now and self._deferred.get(id(lock), 0.0) <= now]
         if due:
             # The call goes out anyway: take along what falls due soon, so batches merge.
             # Past half a period, two batches always meet: one of them takes the other along.
             due += [lock for lock in live
-                    if now < lock._next_renew <= now + lock.renew_every * _TAKE_ALONG]
+                    if now < lock.renew_due <= now + lock.renew_every * _TAKE_ALONG]
             self._renew(due, now)
         return self._next_wake(clock.monotonic())
 
@@ -130,8 +130,8 @@ class Renewer:
         """Mark lost every lease past its local deadline; return the others."""
         live = []
         for lock in self.held():
-            if now >= lock._deadline:
-                lock._lose("expired")
+            if now >= lock.deadline:
+                lock.mark_lost("expired")
             else:
                 live.append(lock)
         return live
@@ -139,43 +139,43 @@ class Renewer:
     def _renew(self, due: list[Lock], now: float) -> None:
         batch = []
         for lock in due:
-            if lock._io.acquire(blocking=False):
+            if lock.try_begin_call():
                 batch.append(lock)
                 self._deferred.pop(id(lock), None)
             else:  # a manual renew or release is using it: look again soon, do not spin
                 self._deferred[id(lock)] = now + _BUSY_RETRY
         try:
-            pairs = [(lock, op) for lock in batch if (op := lock._renew_op()) is not None]
+            pairs = [(lock, op) for lock in batch if (op := lock.renew_op()) is not None]
             if pairs:
                 self._send(pairs)
         finally:
             for lock in batch:
-                lock._io.release()
+                lock.end_call()
 
     def _send(self, pairs: list[tuple[Lock, dict[str, Any]]]) -> None:
-        """Renew ``pairs`` in one call (their ``_io`` held) without blocking past a deadline."""
-        clock = self._client._clock
+        """Renew ``pairs`` in one call (their calls begun) without blocking past a deadline."""
+        clock = self._client.clock
         sent_at = clock.monotonic()
         self.calls += 1
         ops = [op for _, op in pairs]
-        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        call = self._await(_Call(lambda: self._client.call_locks(ops)).start())
         if call.error is not None:
             self._failed([lock for lock, _ in pairs], call.error)
             return
         self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
         late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
                 for (lock, _), answer in zip(pairs, call.value)
-                if not lock._renewed(answer, sent_at) and answer.get("renewed")]
+                if not lock.apply_renewal(answer, sent_at) and answer.get("renewed")]
         if late:
             self._give_back(late)
 
     def _await(self, call: _Call) -> _Call:
         """Wait for ``call``, waking at each local deadline to mark those leases lost."""
-        clock = self._client._clock
+        clock = self._client.clock
         while not call.done.is_set():
             now = clock.monotonic()
             live = self._expire(now)
-            nearest = min((lock._deadline for lock in live), default=now + _IDLE_CHECK)
+            nearest = min((lock.deadline for lock in live), default=now + _IDLE_CHECK)
             clock.wait(call.done, nearest - now)
         return call
 
@@ -184,29 +184,29 @@ class Renewer:
             log.error("the store was replaced; %d lease(s) renewed there are lost: %s",
                       len(locks), error)
             for lock in locks:
-                lock._lose("renew")
+                lock.mark_lost("renew")
             return
         log.warning("renewing %d lease(s) failed, retrying before their deadlines: %r",
                     len(locks), error)
         self._client.metrics.count("renew_error")
-        now = self._client._clock.monotonic()
+        now = self._client.clock.monotonic()
         for lock in locks:
-            lock._renew_failed(now)
+            lock.renewal_failed(now)
 
     def _give_back(self, ops: list[dict[str, Any]]) -> None:
         """Release permits renewed by answers that came after their leases' deadlines."""
-        call = self._await(_Call(lambda: self._client._call_locks(ops)).start())
+        call = self._await(_Call(lambda: self._client.call_locks(ops)).start())
         if call.error is not None:
             log.warning("could not give back %d permit(s) renewed too late; they expire by "
                         "themselves: %r", len(ops), call.error)
 
     def _next_wake(self, now: float) -> float:
-        times = [min(max(lock._next_renew, self._deferred.get(id(lock), 0.0)), lock._deadline)
+        times = [min(max(lock.renew_due, self._deferred.get(id(lock), 0.0)), lock.deadline)
                  for lock in self.held()]
         return max(0.0, min(times, default=now + _IDLE_CHECK) - now)
 
     def _loop(self) -> None:
-        clock = self._client._clock
+        clock = self._client.clock
         idle_since: Optional[float] = None
         while True:
             self._wake.clear()  # before looking, so a register from now on is never missed
@@ -242,4 +242,9 @@ class Renewer:
             thread.join(timeout)
 
     def after_fork(self) -> None:
+        """In a forked child: its handles hold nothing, and this renewer starts afresh."""
+        # The child has one thread: read the table without the mutex, which a parent
+        # thread may have held at the fork and nobody will ever release here.
+        for lock in list(self._locks.values()):
+            lock.forget_after_fork()
         self._reset()

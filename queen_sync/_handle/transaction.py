@@ -8,17 +8,33 @@ marks the lock lost (``guard``) and the failed answer is returned, not raised.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from typing_extensions import Concatenate, ParamSpec
+
+from .._durations import Duration
 from .._errors import LockNotHeldError
 from .._results import Result
 from .kv import KvOpBuilders
 from .lock import Lock
 
 if TYPE_CHECKING:
-    from .._client import Queen
+    from .caller import Caller
 
+P = ParamSpec("P")
 _GUARD_ATTEMPTS = 4
+
+
+def _appending(build: Callable[P, dict[str, Any]]
+               ) -> Callable[Concatenate[_BundleKv, P], Transaction]:
+    """A bundle method taking exactly the builder's arguments, appending the op it builds."""
+
+    def add(self: _BundleKv, /, *args: P.args, **kwargs: P.kwargs) -> Transaction:
+        return self._txn._add(build(*args, **kwargs))
+
+    add.__name__, add.__doc__ = build.__name__, build.__doc__
+    return add
 
 
 class _BundleKv:
@@ -27,17 +43,11 @@ class _BundleKv:
     def __init__(self, txn: Transaction) -> None:
         self._txn = txn
 
-    def put(self, ns: str, key: str, value: Any, **options: Any) -> Transaction:
-        return self._txn._add(KvOpBuilders.put(ns, key, value, **options))
-
-    def put_if_absent(self, ns: str, key: str, value: Any, **options: Any) -> Transaction:
-        return self._txn._add(KvOpBuilders.put_if_absent(ns, key, value, **options))
-
-    def delete(self, ns: str, key: str, **options: Any) -> Transaction:
-        return self._txn._add(KvOpBuilders.delete(ns, key, **options))
-
-    def incr(self, ns: str, key: str, **options: Any) -> Transaction:
-        return self._txn._add(KvOpBuilders.incr(ns, key, **options))
+    # The keywords are the builders' own (one list of them), so a typo fails type checks.
+    put = _appending(KvOpBuilders.put)
+    put_if_absent = _appending(KvOpBuilders.put_if_absent)
+    delete = _appending(KvOpBuilders.delete)
+    incr = _appending(KvOpBuilders.incr)
 
     def check(self, ns: str, key: str, *, expect: int, required: bool = True) -> Transaction:
         return self._txn._add(KvOpBuilders.check(ns, key, expect=expect, required=required))
@@ -52,7 +62,7 @@ class _BundleKv:
 class Transaction:
     """A bundle of guarded KV writes; build it, then ``commit()`` once."""
 
-    def __init__(self, client: Queen) -> None:
+    def __init__(self, client: Caller) -> None:
         self._client = client
         self._guards: list[Lock] = []
         self._ops: list[dict[str, Any]] = []
@@ -75,9 +85,13 @@ class Transaction:
         self._guards.append(lock)
         return self
 
-    def once(self, ns: str, key: str, *, value: Any = True, **expiry: Any) -> Transaction:
+    def once(self, ns: str, key: str, *, value: Any = True, ttl: Optional[Duration] = None,
+             ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
+             forever: bool = False) -> Transaction:
         """A required ``putIfAbsent``: the bundle commits only once within the lifetime."""
-        return self._add(KvOpBuilders.put_if_absent(ns, key, value, required=True, **expiry))
+        return self._add(KvOpBuilders.put_if_absent(
+            ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever,
+            required=True))
 
     def commit(self) -> Result:
         """Send the bundle; a lost precondition is RETURNED (a falsy result), not raised."""
@@ -87,7 +101,7 @@ class Transaction:
                                        name=lock.name)
         for _ in range(_GUARD_ATTEMPTS):
             guards = [lock.guard() for lock in self._guards]
-            answer = self._client._call_transaction(
+            answer = self._client.call_transaction(
                 {"operations": [], "requiredLeases": [], "kv": guards + self._ops})
             if answer.get("success") or answer.get("reason") != "kv_precondition":
                 return answer
@@ -96,7 +110,7 @@ class Transaction:
                 return answer
             lock = self._guards[index]
             if not self._renewed_underneath(lock, answer, guards[index]["expect"]):
-                lock._lose("guard")
+                lock.mark_lost("guard")
                 return answer
         return answer
 
@@ -106,6 +120,5 @@ class Transaction:
         mine = isinstance(value, dict) and value.get("owner") == lock.owner
         if answer.get("kvReason") != "version" or not mine:
             return False
-        with lock._io:  # let an in-flight renew land, then read the new token
-            pass
-        return lock.held and lock._token != sent_token
+        lock.await_renewal()  # let an in-flight renew land, then read the new token
+        return lock.held and lock.token != sent_token

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .._durations import seconds_text, utc_text
 
 if TYPE_CHECKING:
     from .._handle.lock import Lock
     from .._results import Holder, RunResult
 
 _STYLE = "border-collapse:collapse;font-family:monospace"
-
-
-def _seconds(value: Optional[float]) -> str:
-    return "never" if value is None else f"{max(0.0, value):.1f}s"
 
 
 def _table(caption: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -37,8 +35,8 @@ def lock_html(lock: Lock) -> str:
         state = "not held"
     rows = [
         ("name", lock.name), ("held", state), ("token", lock.token), ("slot", lock.slot),
-        ("owner", lock.owner), ("expires in", _seconds(lock.remaining) if held else "-"),
-        ("ttl", _seconds(lock.ttl)),
+        ("owner", lock.owner), ("expires in", seconds_text(lock.remaining) if held else "-"),
+        ("ttl", seconds_text(lock.ttl)),
     ]
     if lock.limit > 1:
         rows.append(("limit", lock.limit))
@@ -52,7 +50,8 @@ def holders_html(holders: Sequence[Holder]) -> str:
     """One row per live permit: slot, owner, token, since, expires in."""
     if not holders:
         return "<p><i>no holder</i></p>"
-    rows = [(h.slot, h.owner, h.token, _utc(h.since), _seconds(h.expires_in)) for h in holders]
+    rows = [(h.slot, h.owner, h.token, utc_text(h.since), seconds_text(h.expires_in))
+            for h in holders]
     return _table("<b>Holders</b>", ("slot", "owner", "token", "since", "expires in"), rows)
 
 
@@ -61,10 +60,3 @@ def run_result_html(result: RunResult[Any]) -> str:
     if result.acquired:
         return _table("<b>RunResult</b> acquired", ("", ""), [("value", repr(result.value))])
     return _table("<b>RunResult</b> busy", ("", ""), []) + holders_html(result.holders)
-
-
-def _utc(epoch_ms: int) -> str:
-    import datetime
-
-    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -83,15 +83,16 @@ def supersede_earlier(lock: Lock) -> None:
     if cell is None:
         return
     me = threading.get_ident()
-    for client in clients():
-        if client._closed or client.url != lock._client.url:
+    for client in clients():  # closed clients have left the registry
+        if client.url != lock.engine_url:
             continue
         for other in client.renewer.held():
+            thread, taken_in_cell = other.taken_in
             if (other is not lock and other.name == lock.name and other.limit == lock.limit
-                    and other._taken_in == me and other._cell is not None
-                    and other._cell != cell and not other._blocks
+                    and thread == me and taken_in_cell is not None
+                    and taken_in_cell != cell and not other.in_block
                     and not reachable_from_notebook(other)):
                 log.warning("lock %r: re-run cell %d supersedes the handle taken in cell %d "
-                            "(owner %s), which is released", lock.name, cell, other._cell,
+                            "(owner %s), which is released", lock.name, cell, taken_in_cell,
                             other.owner)
                 other.release()

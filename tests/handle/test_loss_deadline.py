@@ -34,7 +34,7 @@ class LossWatch:
         self.handled.set()
 
     def deadline(self) -> float:
-        return self.lock._deadline  # the real clock: no clock is injected in these tests
+        return self.lock.deadline  # the real clock: no clock is injected in these tests
 
     def assert_on_time(self, deadline: float, still_blocked: threading.Event) -> None:
         assert self.lock.lost.wait(deadline - time.monotonic() + MARGIN), (
@@ -239,7 +239,7 @@ class TestFailuresThatEndIt:
             lock = q.lock("job", ttl=0.6)
             assert lock.acquire()
             first = lock.token
-            real = lock._renew_op
+            real = lock.renew_op
             failures = iter([True])
 
             def exits() -> Any:
@@ -247,7 +247,7 @@ class TestFailuresThatEndIt:
                     raise SystemExit(2)
                 return real()
 
-            lock._renew_op = exits  # type: ignore[method-assign]
+            lock.renew_op = exits  # type: ignore[method-assign]
             with caplog.at_level(logging.ERROR, logger="queen_sync"):
                 time.sleep(0.9)
             assert any("renewer tick failed" in r.message for r in caplog.records), caplog.text

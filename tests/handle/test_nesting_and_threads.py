@@ -50,7 +50,7 @@ class TestNesting:
     ) -> None:
         seen: list[bool] = []
 
-        @qs.singleton_job("nightly", queen=mq, on_lost="ignore")
+        @qs.singleton_job("nightly", client=mq, on_lost="ignore")
         def job() -> None:
             lock = qs.current_lock()
             assert lock is not None

@@ -211,7 +211,7 @@ class TestThread:
             lock = q.lock("job", ttl=0.6)
             assert lock.acquire()
             first = lock.token
-            real = lock._renew_op
+            real = lock.renew_op
             failures = iter([True])
 
             def flaky() -> Any:
@@ -219,7 +219,7 @@ class TestThread:
                     raise RuntimeError("bug inside a tick")
                 return real()
 
-            lock._renew_op = flaky  # type: ignore[method-assign]
+            lock.renew_op = flaky  # type: ignore[method-assign]
             with caplog.at_level(logging.ERROR, logger="queen_sync"):
                 time.sleep(0.9)
             assert any("renewer tick failed" in r.message for r in caplog.records), caplog.text

@@ -35,7 +35,7 @@ def _holders(q: qs.Queen, name: str) -> list[Any]:
 class TestCalling:
     def test_the_wrapper_keeps_the_name_the_doc_the_arguments_and_the_value(
             self, client: qs.Queen) -> None:
-        @qs.singleton_job("add", ttl="30s", queen=client)
+        @qs.singleton_job("add", ttl="30s", client=client)
         def add(a: int, b: int = 1) -> int:
             """Add two numbers."""
             return a + b
@@ -46,7 +46,7 @@ class TestCalling:
     def test_inside_the_body_current_lock_is_the_held_lock(self, client: qs.Queen) -> None:
         seen: list[Optional[qs.Lock]] = []
 
-        @qs.singleton_job("report", ttl="30s", queen=client)
+        @qs.singleton_job("report", ttl="30s", client=client)
         def report() -> None:
             seen.append(qs.current_lock())
 
@@ -57,7 +57,7 @@ class TestCalling:
         assert not lock.held and _holders(client, "report") == [], "released on return"
 
     def test_bind_passes_the_lock_first(self, client: qs.Queen) -> None:
-        @qs.singleton_job("bound", ttl="30s", queen=client, bind=True)
+        @qs.singleton_job("bound", ttl="30s", client=client, bind=True)
         def bound(lock: qs.Lock, x: int) -> tuple[bool, Optional[int], int]:
             return lock.held, lock.token, x
 
@@ -69,7 +69,7 @@ class TestCalling:
             def __init__(self) -> None:
                 self.runs = 0
 
-            @qs.singleton_job("method", ttl="30s", queen=client)
+            @qs.singleton_job("method", ttl="30s", client=client)
             def build(self, n: int) -> str:
                 self.runs += n
                 lock = qs.current_lock()
@@ -91,7 +91,7 @@ class TestCalling:
         assert name == f"{__name__}.{nightly.__qualname__}", name
 
     def test_the_lease_is_released_when_the_body_raises(self, client: qs.Queen) -> None:
-        @qs.singleton_job("fails", ttl="30s", queen=client)
+        @qs.singleton_job("fails", ttl="30s", client=client)
         def fails() -> None:
             raise RuntimeError("boom")
 
@@ -106,7 +106,7 @@ class TestBusy:
         holder = other.lock("busy", ttl="30s")
         assert holder.acquire()
 
-        @qs.singleton_job("busy", ttl="30s", queen=client)
+        @qs.singleton_job("busy", ttl="30s", client=client)
         def job() -> str:
             return "ran"
 
@@ -119,7 +119,7 @@ class TestBusy:
         holder = other.lock("busy", ttl="30s")
         assert holder.acquire()
 
-        @qs.singleton_job("busy", ttl="30s", on_busy="raise", queen=client)
+        @qs.singleton_job("busy", ttl="30s", on_busy="raise", client=client)
         def job() -> str:
             return "ran"
 
@@ -133,7 +133,7 @@ class TestBusy:
         assert holder.acquire()
         threading.Timer(0.2, holder.release).start()
 
-        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait="10s", queen=client)
+        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait="10s", client=client)
         def job() -> str:
             return "ran"
 
@@ -144,7 +144,7 @@ class TestBusy:
     def test_wait_that_runs_out_raises(self, client: qs.Queen, other: qs.Queen) -> None:
         assert other.lock("busy", ttl="30s").acquire()
 
-        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait=0.2, queen=client)
+        @qs.singleton_job("busy", ttl="30s", on_busy="wait", wait=0.2, client=client)
         def job() -> str:
             return "ran"
 
@@ -161,6 +161,7 @@ class TestBadArguments:
         ({"ttl": -1}, ValueError),
         ({"once_per": "daily"}, ValueError),
         ({"queen": "sqlite:///x.db"}, TypeError),
+        ({"client": "sqlite:///x.db"}, TypeError),
         ({"bind": 1}, TypeError),
         ({"supervision": ""}, ValueError),
     ])
@@ -175,6 +176,30 @@ class TestBadArguments:
     def test_a_name_the_wire_refuses_fails_at_decoration(self) -> None:
         with pytest.raises(ValueError, match="#"):
             qs.singleton_job("a#b")
+
+
+class TestTheClientArgument:
+    def test_client_names_the_client_the_job_runs_on(self, client: qs.Queen) -> None:
+        @qs.singleton_job("on-client", ttl="30s", client=client)
+        def job() -> Optional[qs.Lock]:
+            return qs.current_lock()
+
+        lock = job()
+        assert lock is not None and lock.engine_url == client.url, "the job used client="
+
+    def test_the_old_queen_keyword_still_works_and_says_it_is_deprecated(
+            self, client: qs.Queen) -> None:
+        with pytest.warns(DeprecationWarning, match="client=") as caught:
+            @qs.singleton_job("on-queen", ttl="30s", queen=client)
+            def job() -> int:
+                return len(_holders(client, "on-queen"))
+
+        assert caught[0].filename == __file__, "the warning points at the decorated line"
+        assert job() == 1, "queen= is still the client the job runs on"
+
+    def test_client_and_queen_together_are_refused(self, client: qs.Queen) -> None:
+        with pytest.raises(TypeError, match="client="):
+            qs.singleton_job("both", ttl="30s", client=client, queen=client)
 
 
 class TestLoss:
@@ -195,7 +220,7 @@ class TestLoss:
 
     def test_ignore_only_sets_lost_and_the_body_goes_on(self, manual: qs.Queen, other: qs.Queen,
                                                         clock: Any) -> None:
-        @qs.singleton_job("job", ttl="30s", on_lost="ignore", queen=manual)
+        @qs.singleton_job("job", ttl="30s", on_lost="ignore", client=manual)
         def job() -> tuple[bool, str]:
             lock = self._lose(manual, other, clock)
             return lock.lost.is_set(), "finished"
@@ -211,7 +236,7 @@ class TestLoss:
             called.append(lock)
             done.set()
 
-        @qs.singleton_job("job", ttl="30s", on_lost=on_lost, queen=manual)
+        @qs.singleton_job("job", ttl="30s", on_lost=on_lost, client=manual)
         def job() -> qs.Lock:
             lock = self._lose(manual, other, clock)
             assert done.wait(5), "the handler must be called"
@@ -223,7 +248,7 @@ class TestLoss:
     def test_interrupt_outside_the_main_thread_logs_and_sets_lost(
             self, manual: qs.Queen, other: qs.Queen, clock: Any,
             caplog: pytest.LogCaptureFixture) -> None:
-        @qs.singleton_job("job", ttl="30s", queen=manual)
+        @qs.singleton_job("job", ttl="30s", client=manual)
         def job() -> bool:
             lock = self._lose(manual, other, clock)
             deadline = time.monotonic() + 5
@@ -249,7 +274,7 @@ class TestOncePerPeriod:
         runs: list[str] = []
 
         def make(q: qs.Queen) -> Any:
-            @qs.singleton_job("daily", ttl="30s", once_per="1d", queen=q)
+            @qs.singleton_job("daily", ttl="30s", once_per="1d", client=q)
             def daily() -> str:
                 lock = qs.current_lock()
                 runs.append(lock.owner if lock else "")
@@ -272,7 +297,7 @@ class TestOncePerPeriod:
         monkeypatch.setattr(_singleton, "_wall", lambda: 1_700_000_000.0)
         attempts: list[int] = []
 
-        @qs.singleton_job("flaky", ttl="30s", once_per="1h", queen=client)
+        @qs.singleton_job("flaky", ttl="30s", once_per="1h", client=client)
         def flaky() -> str:
             attempts.append(1)
             if len(attempts) == 1:
@@ -288,12 +313,12 @@ class TestOncePerPeriod:
             self, client: qs.Queen, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(_singleton, "_wall", lambda: 1_700_000_000.0)
 
-        @qs.singleton_job("fenced", ttl="30s", once_per="1h", queen=client, on_lost="ignore")
+        @qs.singleton_job("fenced", ttl="30s", once_per="1h", client=client, on_lost="ignore")
         def fenced() -> str:
             lock = qs.current_lock()
             assert lock is not None and lock.token is not None
             assert client.locks.release("fenced", token=lock.token)
-            lock._lose("renew")  # what the renewer concludes at its next renew
+            lock.mark_lost("renew")  # what the renewer concludes at its next renew
             return "ran"
 
         assert fenced() == "ran"

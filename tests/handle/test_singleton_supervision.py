@@ -59,7 +59,7 @@ class TestOff:
         q, engine = counted
         seen: list[set[str]] = []
 
-        @qs.singleton_job("quiet", ttl="30s", queen=q)
+        @qs.singleton_job("quiet", ttl="30s", client=q)
         def quiet() -> None:
             seen.append({t.name for t in threading.enumerate()})
 
@@ -75,7 +75,7 @@ class TestOn:
         q, _ = counted
         inside: list[list[dict[str, Any]]] = []
 
-        @qs.singleton_job("etl", ttl="30s", queen=q, supervision="nightly")
+        @qs.singleton_job("etl", ttl="30s", client=q, supervision="nightly")
         def etl() -> None:
             deadline = time.monotonic() + 5
             while not _records(q, "nightly") and time.monotonic() < deadline:
@@ -95,7 +95,7 @@ class TestOn:
     def test_a_failed_run_is_counted(self, counted: tuple[qs.Queen, CountingEngine]) -> None:
         q, _ = counted
 
-        @qs.singleton_job("etl", ttl="30s", queen=q, supervision="nightly")
+        @qs.singleton_job("etl", ttl="30s", client=q, supervision="nightly")
         def etl() -> None:
             raise RuntimeError("boom")
 
@@ -110,7 +110,7 @@ class TestOn:
         q, engine = counted
         monkeypatch.setattr(_supervision, "PUBLISH_EVERY", 0.05)
 
-        @qs.singleton_job("etl", ttl="30s", queen=q, supervision="nightly")
+        @qs.singleton_job("etl", ttl="30s", client=q, supervision="nightly")
         def etl() -> None:
             time.sleep(0.3)
 
@@ -131,7 +131,7 @@ class TestOn:
 
         monkeypatch.setattr(q.kv, "put", broken)
 
-        @qs.singleton_job("etl", ttl="30s", queen=q, supervision="nightly")
+        @qs.singleton_job("etl", ttl="30s", client=q, supervision="nightly")
         def etl() -> str:
             return "ran"
 

@@ -334,7 +334,7 @@ def singleton(ctx: Ctx) -> None:
                 work(ctx, q, lock, sec, rounds=1)
             work(ctx, q, lock, sec, rounds=1)
 
-    jobs = [qs.singleton_job(n, ttl=ctx.ttl, wait=1.0, queen=q)(body) for n in ctx.names]
+    jobs = [qs.singleton_job(n, ttl=ctx.ttl, wait=1.0, client=q)(body) for n in ctx.names]
     guarded_loop(ctx, lambda: ctx.rng.choice(jobs)())
 
 
