@@ -11,8 +11,10 @@ survive that.
 This process never opens the file with its own descriptors once it may exist: POSIX
 drops every lock a process holds on a file when ANY descriptor of it is closed, those
 SQLite holds for other clients of the file included, and a neighbour that then finds
-no lock believes itself the last user and deletes the live WAL. A client remembers
-which file (device, inode) it opened and refuses to go on with another one.
+no lock believes itself the last user and deletes the live WAL. For the same reason no
+connection stays open across ``fork()`` (see ``_before_fork``). A client remembers which
+file (device, inode) and which ``-wal`` and ``-shm`` it opened and refuses to go on with
+others, and it refuses files another user could change (``sqlite_files``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .._errors import (
@@ -37,6 +39,7 @@ from .._errors import (
 )
 from .base import Capabilities, Engine, Waiter
 from .embedded import EmbeddedSemantics
+from .sqlite_files import SideFiles, changed_side_file, refuse_unsafe_store, side_files
 from .sqlite_wake import WakeChannel
 from .storage import Row
 
@@ -68,15 +71,19 @@ INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
 _SCHEMA_OBJECTS = ("queen_kv", "queen_kv_expiry", "queen_meta")
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 512
+_T = TypeVar("_T")
 
 # Held while this process creates a database file or opens a connection, so a new file's
 # creating descriptor is closed before any connection of this process can lock that file.
 _OPENING = threading.Lock()
+# Held while a new storage connects and joins ``_LIVE``, so a fork sees every connection.
+_REGISTERING = threading.Lock()
 
 
-def _identity(path: str) -> tuple[int, int]:
+def _identity(path: str) -> tuple[int, int, int]:
+    """The file at ``path``: device, inode, and how many names it has."""
     info = os.stat(path)
-    return info.st_dev, info.st_ino
+    return info.st_dev, info.st_ino, info.st_nlink
 
 
 def _row(record: Sequence[Any]) -> Row:
@@ -152,11 +159,14 @@ class SqliteStorage:
         self._mutex = threading.Lock()
         self._calls = 0
         self._identity: Optional[tuple[int, int]] = None
-        self._conn: Optional[sqlite3.Connection] = self._connect()
+        self._sides: SideFiles = ()
+        with _REGISTERING:
+            self._conn: Optional[sqlite3.Connection] = self._connect()
+            _LIVE.add(self)
         self.wake = WakeChannel(os.path.realpath(path)) if WakeChannel.supported else None
-        _LIVE.add(self)
 
     def _connect(self) -> sqlite3.Connection:
+        self._safely(refuse_unsafe_store)
         # Switching a new file to WAL takes an exclusive lock, and SQLite answers "locked"
         # at once (without the busy handler) to a second opener racing for it, so retry.
         deadline = time.monotonic() + self._busy_timeout
@@ -191,28 +201,51 @@ class SqliteStorage:
             raise
         return conn
 
+    def _safely(self, check: Callable[[str], _T]) -> _T:
+        """``check(path)``, whose refusal on a reconnection means the store was tampered with."""
+        try:
+            return check(self.path)
+        except UnsupportedOperationError as exc:
+            if self._identity is None:
+                raise
+            # Unsafe only since this client first opened it: someone changed it meanwhile.
+            raise StoreReplacedError(f"{exc}; its leases cannot be kept", path=self.path) from exc
+        except OSError as exc:
+            raise EngineUnavailableError(f"cannot check SQLite database {self.path}: {exc}"
+                                         ) from exc
+
     def _remember_identity(self, conn: sqlite3.Connection) -> None:
-        """Note which file was opened; a reopening (after a fork) must find the same one."""
+        """Note which files were opened; a reopening (after a fork) must find the same one."""
         try:
             self._check_identity()
+            self._sides = self._safely(side_files)
         except BaseException:
             conn.close()
             raise
 
     def _check_identity(self) -> None:
+        """Refuse to go on when the path names another file, or a -wal/-shm was swapped."""
+        problem = self._identity_problem()
+        if problem is not None:
+            raise StoreReplacedError(
+                f"{problem} while this client used it: its leases cannot be kept, and a new "
+                "client would start a new store", path=self.path)
+
+    def _identity_problem(self) -> Optional[str]:
         try:
             now = _identity(self.path)
         except FileNotFoundError:
-            now = None
+            return f"SQLite database {self.path} was deleted"
         except OSError as exc:
             raise EngineUnavailableError(f"cannot stat SQLite database {self.path}: {exc}") from exc
-        if now is not None and self._identity in (None, now):
-            self._identity = now
-            return
-        how = "deleted" if now is None else "replaced by another file"
-        raise StoreReplacedError(
-            f"SQLite database {self.path} was {how} while this client used it: its leases "
-            "cannot be kept, and a new client would start a new store", path=self.path)
+        if self._identity not in (None, now[:2]):
+            return f"SQLite database {self.path} was replaced by another file"
+        if now[2] > 1:
+            return (f"SQLite database {self.path} got a second name (a hard link), whose "
+                    "clients would keep a -wal of their own")
+        self._identity = now[:2]
+        changed = changed_side_file(self._sides)
+        return None if changed is None else f"{changed} (of SQLite database {self.path})"
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_SqliteTxn]:
@@ -238,20 +271,23 @@ class SqliteStorage:
             self.wake.notify(names)
 
     def after_fork(self) -> None:
-        # Closing the parent's connection here could checkpoint or unlink the WAL under the
-        # parent's feet (the child does not inherit its file locks), so keep it unclosed.
-        # The child connects at its first call: opening now could wait for another
+        # The parent closed every connection before forking, so there is nothing to close
+        # here. The child connects at its first call: opening now could wait for another
         # process's write inside os.fork() itself.
-        if self._conn is not None:
-            _ABANDONED.append(self._conn)
         self._conn = None
         self._mutex = threading.Lock()
 
+    def _disconnect(self) -> None:
+        """Close the connection (the caller holds the mutex); the next call reconnects."""
+        conn, self._conn = self._conn, None
+        self._sides = ()  # the next connection may find new ones, made by SQLite itself
+        if conn is not None:
+            conn.close()
+
     def close(self) -> None:
-        _LIVE.discard(self)
-        with self._mutex:
-            if self._conn is not None:
-                self._conn.close()
+        with self._mutex:  # leaving _LIVE under the mutex: a fork closes it, or finds it closed
+            _LIVE.discard(self)
+            self._disconnect()
         if self.wake is not None:
             self.wake.close()
 
@@ -273,18 +309,24 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-_ABANDONED: list[sqlite3.Connection] = []
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
 _HELD_ACROSS_FORK: list[SqliteStorage] = []
 
 
 def _before_fork() -> None:
-    # SQLite keeps one in-memory lock state per file for all of a process's connections, and
-    # a child inherits it: forked mid-transaction (say, the renewer's), the child's new
-    # connection believes the file locked and hangs. So a fork waits for any call in flight.
+    # SQLite keeps one in-memory record per file (its lock counts, the -shm mapping) for all
+    # of a process's connections, and a child inherits it: the child's connections would
+    # then trust locks only the parent holds, and the parent, once it closes, would believe
+    # itself the last user and delete the WAL the child writes to. So no connection of ours
+    # stays open across a fork: wait for any call in flight, close, reconnect at next use.
+    _REGISTERING.acquire()
     for storage in list(_LIVE):
         storage._mutex.acquire()
         _HELD_ACROSS_FORK.append(storage)
+        try:
+            storage._disconnect()
+        except sqlite3.Error:
+            log.warning("closing %s before fork failed", storage.path, exc_info=True)
     _OPENING.acquire()  # last: a call in flight may be (re)connecting under its mutex
 
 
@@ -292,12 +334,14 @@ def _after_fork_in_parent() -> None:
     _OPENING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex.release()
+    _REGISTERING.release()
 
 
 def _after_fork_in_child() -> None:
     _OPENING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex = threading.Lock()
+    _REGISTERING.release()
 
 
 if hasattr(os, "register_at_fork"):
@@ -369,6 +413,7 @@ def _prepare_file(path: str) -> None:
         if not os.path.isdir(folder):
             os.makedirs(folder, mode=0o700, exist_ok=True)
         refuse_network_filesystem(path, filesystem_type(folder))
+        refuse_unsafe_store(path)  # before creating anything in a folder others may change
         # Only a file that does not exist yet is opened: no client of this process can hold
         # locks on it, so closing the descriptor drops none.
         with _OPENING, contextlib.suppress(FileExistsError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def touch(path: str) -> dict[str, Any]:
     finally:
         conn.close()
     return {"touched": True}
+
+
+def try_touch(path: str) -> dict[str, Any]:
+    """``touch``, reporting SQLite's refusal (it may find the files inconsistent) as data."""
+    try:
+        return touch(path)
+    except sqlite3.Error as exc:
+        return {"touched": False, "error": str(exc)}
 
 
 def write_for(path: str, seconds: str) -> dict[str, Any]:
@@ -104,8 +113,41 @@ def fork_after_replace(url: str, path: str, other: str) -> dict[str, Any]:
     return child
 
 
+def fork_holder_then_leave(url: str, how: str) -> dict[str, Any]:
+    """Open a client, fork a child that takes ``L`` and keeps it renewed, then leave.
+
+    The child prints ``{"holding": token}`` once it holds, and how it fared once stdin
+    closes. This process leaves by ``how``: ``close`` (the client), ``exit`` (interpreter
+    exit closes it) or ``kill`` (SIGKILL: nothing is closed).
+    """
+    q = qs.Queen(url)  # the constructor connects: that connection's state is what a fork copies
+    ready, told = os.pipe()
+    if os.fork() == 0:
+        _hold_until_stdin_closes(q, told)
+    os.close(told)
+    os.read(ready, 1)
+    if how == "close":
+        q.close()
+    elif how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"left": how}
+
+
+def _hold_until_stdin_closes(q: qs.Queen, told: int) -> None:
+    lock = q.lock("L", ttl=1)
+    taken = lock.acquire()
+    print(json.dumps({"holding": lock.token if taken else None}), flush=True)
+    os.write(told, b"!")
+    sys.stdin.read()
+    print(json.dumps({"held": lock.held, "lost": lock.lost.is_set(), "token": lock.token}),
+          flush=True)
+    os._exit(0)
+
+
 COMMANDS = {"acquire": acquire, "fork_after_replace": fork_after_replace,
-            "fork_during_write": fork_during_write, "touch": touch, "write_for": write_for}
+            "fork_during_write": fork_during_write,
+            "fork_holder_then_leave": fork_holder_then_leave, "touch": touch,
+            "try_touch": try_touch, "write_for": write_for}
 
 if __name__ == "__main__":
     print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])), flush=True)

@@ -82,6 +82,38 @@ class TestSeveralClientsOfOneFileInOneProcess:
                 second.close()
 
 
+@pytest.mark.realtime
+class TestAForkedHolderWhoseLauncherLeaves:
+    @pytest.mark.parametrize("how", ["close", "exit", "kill"])
+    def test_a_third_process_is_refused_while_the_child_forked_from_a_client_holds(
+        self, tmp_path: Path, how: str
+    ) -> None:
+        path = tmp_path / "q.db"
+        url = f"sqlite://{path}"
+        with subprocess.Popen([sys.executable, WORKERS, "fork_holder_then_leave", url, how],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as launcher:
+            assert launcher.stdin is not None and launcher.stdout is not None
+            try:
+                holding = json.loads(launcher.stdout.readline())["holding"]
+                assert holding, "the forked child takes the free lock"
+                launcher.wait(10)  # the launcher has closed its client, exited, or been killed
+                if how == "kill":
+                    run_holders_cli(url, "L")  # an operator looks; it must delete nothing live
+                time.sleep(1.3)  # past the acquire's TTL: only renewals others see keep it held
+                third = run_worker("acquire", url, "L")
+            finally:
+                launcher.stdin.close()  # tells the child to report and exit
+                lines = [json.loads(line) for line in launcher.stdout.read().splitlines()]
+        child = next(line for line in lines if "held" in line)
+        assert child["held"] and not child["lost"], f"the child lost its lease: {child}"
+        assert not third["acquired"], (
+            f"a third process took L (token {third['token']}) while the forked child held it "
+            f"at token {child['token']}: the launcher's {how} broke the child's file locks")
+        assert min(third["holder_tokens"]) >= holding, (
+            f"the third process saw tokens {third['holder_tokens']}, below {holding}")
+        assert Path(f"{path}-wal").exists(), "the live WAL was deleted"
+
+
 class TestAStoreReplacedUnderneath:
     def test_a_call_after_the_file_is_deleted_raises_store_replaced_error_naming_it(
         self, tmp_path: Path
@@ -126,12 +158,13 @@ class TestAStoreReplacedUnderneath:
 
     @settings(max_examples=25, deadline=None)
     @given(steps=st.lists(st.sampled_from(["put", "get", "acquire", "release", "checkpoint",
-                                           "vacuum", "neighbour"]), min_size=1, max_size=12))
+                                           "vacuum", "neighbour", "fork"]),
+                          min_size=1, max_size=12))
     def test_calls_on_an_intact_file_never_raise_store_replaced_error(
         self, tmp_path_factory: pytest.TempPathFactory, steps: list[str]
     ) -> None:
         path = tmp_path_factory.mktemp("intact") / "q.db"
-        with qs.Queen(f"sqlite://{path}") as q:
+        with qs.Queen(f"sqlite://{path}", renew_thread=False) as q:  # no thread: forks are safe
             lock = q.lock("job", ttl=30)
             for step in steps:
                 _intact_step(q, lock, path, step)
@@ -153,6 +186,16 @@ def _intact_step(q: qs.Queen, lock: qs.Lock, path: Path, step: str) -> None:
             other.execute("PRAGMA wal_checkpoint(TRUNCATE)" if step == "checkpoint" else "VACUUM")
         finally:
             other.close()
+    elif step == "fork":  # closes the connection, so SQLite may make a new -wal and -shm
+        pid = os.fork()
+        if pid == 0:
+            failed = 1
+            try:
+                q.kv.get("app", "k")
+                failed = 0
+            finally:
+                os._exit(failed)
+        assert os.waitpid(pid, 0)[1] == 0, "the forked child's call failed"
     else:
         qs.Queen(f"sqlite://{path}").close()
 
@@ -312,3 +355,169 @@ def _acquire_or_error(q: qs.Queen, name: str, wait: float) -> object:
         return q.lock(name, ttl=30).acquire(wait=wait)
     except Exception as exc:  # the test reports whatever the waiter raised
         return exc
+
+
+class TestItsWalOrShmRemovedUnderneath:
+    @pytest.mark.parametrize("removed", [("-wal",), ("-shm",), ("-wal", "-shm")])
+    @pytest.mark.parametrize("then", ["nothing", "another process opens the file"])
+    def test_a_call_after_an_operator_removes_them_raises_store_replaced_error(
+        self, tmp_path: Path, removed: tuple[str, ...], then: str
+    ) -> None:
+        path = tmp_path / "q.db"
+        with qs.Queen(f"sqlite://{path}", renew_thread=False) as q:
+            lock = q.lock("job", ttl=30)
+            assert lock.acquire(), "the client takes the free lock"
+            for suffix in removed:  # "stale leftovers", as an operator may believe
+                os.unlink(f"{path}{suffix}")
+            if then == "another process opens the file":
+                run_worker("try_touch", str(path))  # may make new ones where the old ones were
+            with pytest.raises(qs.StoreReplacedError) as caught:
+                q.locks.get("job")
+            assert f"{path}{removed[0]}" in str(caught.value), (
+                f"the message must name the removed file: {caught.value}")
+            with pytest.raises(qs.StoreReplacedError):
+                q.kv.put("app", "k", 1, forever=True)  # and every call after it
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root may give files away")
+NOBODY = pwd.getpwnam("nobody")
+FOLDERS = {"private 0700": (0o700, False), "sticky 1777": (0o1777, False),
+           "others may write 0777": (0o777, False), "group may write 0770": (0o770, False),
+           "nobody's 0755": (0o755, True)}
+SAFE_FOLDERS = {"private 0700", "sticky 1777"}
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@needs_root
+class TestAFileOthersCouldChange:
+    @settings(max_examples=40, deadline=None)
+    @given(which=st.sampled_from(["", "-wal", "-shm"]), nobodys=st.booleans(),
+           mode=st.sampled_from([0o600, 0o644, 0o640, 0o660, 0o606, 0o666, 0o620, 0o602]),
+           folder_kind=st.sampled_from(sorted(FOLDERS)))
+    def test_a_client_is_refused_exactly_when_another_user_could_change_the_store(
+        self, tmp_path_factory: pytest.TempPathFactory, which: str, nobodys: bool, mode: int,
+        folder_kind: str
+    ) -> None:
+        folder = tmp_path_factory.mktemp("planted") / "store"
+        folder.mkdir()
+        path = folder / "q.db"
+        with qs.Queen(f"sqlite://{path}") as q:
+            assert q.kv.put("app", "k", "kept", forever=True)
+        planted = Path(f"{path}{which}")
+        planted.touch()  # an empty -wal or -shm is a valid one
+        planted.chmod(mode)
+        if nobodys:
+            os.chown(planted, NOBODY.pw_uid, NOBODY.pw_gid)
+        folder_mode, folder_nobodys = FOLDERS[folder_kind]
+        folder.chmod(folder_mode)
+        if folder_nobodys:
+            os.chown(folder, NOBODY.pw_uid, NOBODY.pw_gid)
+        unsafe = nobodys or bool(mode & 0o022) or folder_kind not in SAFE_FOLDERS
+        before = _snapshot(folder)
+        try:
+            client = qs.Queen(f"sqlite://{path}")
+        except qs.UnsupportedOperationError as exc:
+            assert unsafe, f"a store only we can change was refused: {exc}"
+            culprit = str(planted) if folder_kind in SAFE_FOLDERS else str(folder)
+            assert culprit in str(exc), f"the error must name {culprit}: {exc}"
+            assert _snapshot(folder) == before, "refusing the store changed its files"
+            return
+        with client:
+            assert not unsafe, (f"a store {'nobody' if nobodys else 'we'} own with mode "
+                                f"{oct(mode)} on {which or 'the file'} in a folder "
+                                f"'{folder_kind}' was used")
+            assert client.kv.get("app", "k")["value"] == "kept"
+
+    def test_a_file_planted_by_another_user_in_the_temp_folder_is_refused_saying_how_to_fix(
+        self, shared_tmp: Path
+    ) -> None:
+        path = shared_tmp / "nightly.db"
+        path.touch()
+        path.chmod(0o666)
+        os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+        with pytest.raises(qs.UnsupportedOperationError) as caught:
+            qs.Queen(f"sqlite://{path}")
+        message = str(caught.value)
+        assert str(path) in message and "owned by" in message, message
+        assert "chown" in message or "remove" in message, f"it must say how to fix it: {message}"
+        assert not Path(f"{path}-wal").exists(), "a refused store must not be opened"
+
+    @pytest.mark.parametrize("link_owner", ["ours", "nobody's"])
+    def test_a_symlink_is_followed_only_when_nobody_else_could_repoint_it(
+        self, shared_tmp: Path, tmp_path: Path, link_owner: str
+    ) -> None:
+        target = tmp_path / "q.db"
+        with qs.Queen(f"sqlite://{target}") as q:
+            assert q.kv.put("app", "k", "kept", forever=True)
+        link = shared_tmp / "q.db"  # in a sticky folder: only its owner may replace it
+        link.symlink_to(target)
+        if link_owner == "nobody's":
+            os.lchown(link, NOBODY.pw_uid, NOBODY.pw_gid)
+            with pytest.raises(qs.UnsupportedOperationError) as caught:
+                qs.Queen(f"sqlite://{link}")
+            assert str(link) in str(caught.value), caught.value
+            return
+        with qs.Queen(f"sqlite://{link}") as q:
+            assert q.kv.get("app", "k")["value"] == "kept", "our link reaches our store"
+
+    def test_a_symlink_to_another_users_file_is_refused(self, tmp_path: Path) -> None:
+        target = tmp_path / "theirs.db"
+        target.touch()
+        os.chown(target, NOBODY.pw_uid, NOBODY.pw_gid)
+        (tmp_path / "q.db").symlink_to(target)
+        with pytest.raises(qs.UnsupportedOperationError) as caught:
+            qs.Queen(f"sqlite://{tmp_path / 'q.db'}")
+        assert str(target) in str(caught.value), caught.value
+
+
+class TestAHardLinkedDatabase:
+    def test_a_file_with_a_second_hard_link_is_refused_under_either_name_and_kept_intact(
+        self, tmp_path: Path
+    ) -> None:
+        original, hard = tmp_path / "a.db", tmp_path / "hard.db"
+        with qs.Queen(f"sqlite://{original}") as q:
+            assert q.kv.put("app", "k", "kept", forever=True)
+        os.link(original, hard)
+        for spelling in (hard, original):
+            with pytest.raises(qs.UnsupportedOperationError) as caught:
+                qs.Queen(f"sqlite://{spelling}")
+            assert str(spelling) in str(caught.value) and "hard link" in str(caught.value), (
+                f"the error must name the path and the reason: {caught.value}")
+        os.unlink(hard)
+        with qs.Queen(f"sqlite://{original}") as q:
+            assert q.kv.get("app", "k")["value"] == "kept", "the refusals lost nothing"
+
+    def test_a_hard_link_made_while_a_client_is_open_fails_its_next_call(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "a.db"
+        with qs.Queen(f"sqlite://{path}", renew_thread=False) as q:
+            assert q.lock("job", ttl=30).acquire()
+            os.link(path, tmp_path / "hard.db")
+            with pytest.raises(qs.StoreReplacedError) as caught:
+                q.locks.get("job")
+            assert "hard link" in str(caught.value), caught.value
+
+
+def _spellings(folder: Path) -> dict[str, str]:
+    (folder / "sub").mkdir()
+    (folder / "sym.db").symlink_to(folder / "a.db")
+    (folder / "dirlink").symlink_to(folder)
+    return {"symlink": f"{folder}/sym.db", "dotdot": f"{folder}/sub/../a.db",
+            "doubleslash": f"{folder}//a.db", "dir-symlink": f"{folder}/dirlink/a.db"}
+
+
+class TestOtherSpellingsOfOnePath:
+    @pytest.mark.parametrize("spelling", ["symlink", "dotdot", "doubleslash", "dir-symlink"])
+    def test_a_holder_through_one_spelling_excludes_a_process_using_another(
+        self, tmp_path: Path, spelling: str
+    ) -> None:
+        with qs.Queen(f"sqlite://{tmp_path / 'a.db'}") as q:
+            lock = q.lock("job", ttl=30)
+            assert lock.acquire(), "the first client takes the free lock"
+            other = run_worker("acquire", f"sqlite://{_spellings(tmp_path)[spelling]}", "job")
+            assert not other["acquired"], f"the {spelling} spelling opened another store: {other}"
+            assert other["holder_tokens"] == [lock.token], other
