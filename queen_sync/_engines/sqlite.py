@@ -253,8 +253,10 @@ class SqliteStorage:
             if self._conn is None:
                 self._conn = self._connect()
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                # Inside the try: a Ctrl-C landing just after BEGIN must still roll back, or
+                # the write lock stays taken for every process on the file.
+                conn.execute("BEGIN IMMEDIATE")
                 txn = _SqliteTxn(conn, self._clock)
                 yield txn
                 self._calls += 1

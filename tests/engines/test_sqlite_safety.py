@@ -226,6 +226,48 @@ class TestAFullDatabase:
             check.close()
 
 
+class _InterruptAfterBegin:
+    """A connection whose BEGIN IMMEDIATE succeeds and then Ctrl-C lands, once."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.armed = True
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        cursor = self.conn.execute(sql, *args)
+        if self.armed and sql == "BEGIN IMMEDIATE":
+            self.armed = False
+            raise KeyboardInterrupt
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+class TestAnInterruptInsideACall:
+    def test_ctrl_c_just_after_the_write_lock_is_taken_leaves_no_transaction_open(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "q.db"
+        with qs.Queen(f"sqlite://{path}") as q:
+            assert q.kv.put("app", "kept", 1, forever=True)
+            storage = q.engine.storage  # type: ignore[attr-defined]
+            real = storage._conn
+            storage._conn = _InterruptAfterBegin(real)
+            with pytest.raises(KeyboardInterrupt):
+                q.kv.put("app", "lost", 2, forever=True)
+            storage._conn = real
+            assert not real.in_transaction, "the interrupted call left its transaction open"
+            other = sqlite3.connect(str(path), timeout=0.2)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # "database is locked" if the lock was kept
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+            assert q.kv.put("app", "after", 3, forever=True), "the client's next call works"
+            assert not q.kv.get("app", "lost"), "nothing of the interrupted call landed"
+
+
 @pytest.mark.realtime
 class TestForkWhileAnotherProcessWrites:
     def test_the_forked_child_returns_at_once_and_its_first_call_waits_for_the_writer(
