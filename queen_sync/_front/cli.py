@@ -59,10 +59,13 @@ token when it started: hand it to sinks that refuse older tokens) and
 QUEEN_LOCK_SLOT. It runs in its own process group; SIGINT, SIGTERM, SIGHUP and
 SIGQUIT sent to queen-sync are forwarded to it; after a forwarded SIGTERM or SIGINT
 the group gets SIGKILL if it is still running --grace later. When the lease is lost
-the group gets SIGTERM, then SIGKILL after --grace. If queen-sync itself is killed
-(kill -9, the OOM killer), the group gets SIGKILL at once. If it is stopped (SIGSTOP,
-Ctrl-Z) the command runs on unrenewed; once continued past the TTL it stops the command
-and exits 76. A failed final release only warns: the lease expires within its TTL.
+the group gets SIGTERM, then SIGKILL after --grace. What the command leaves running
+in its group when it exits gets SIGTERM, then SIGKILL after --grace, before the lease
+is released (with a warning). If queen-sync itself is killed (kill -9, the OOM
+killer), the group gets SIGKILL at once. If it is stopped (SIGSTOP, Ctrl-Z) the
+command runs on unrenewed; once continued past the TTL it stops the command and exits
+76. Processes that leave the group (setsid, a shell's job control: set -m) are beyond
+reach. A failed final release only warns: the lease expires within its TTL.
 
 exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
 is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease

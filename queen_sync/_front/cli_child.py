@@ -1,21 +1,25 @@
 """``queen-sync run``'s command: started under the lease, watched, and never left behind.
 
 The command runs in its own session and process group, so a lost lease stops its
-whole tree and a signal to queen-sync reaches it exactly once (forwarded). It must
-not outlive queen-sync either, since nobody renews the lease then: on Linux the
-kernel's parent-death signal kills the command itself, and a watchdog process kills
-the rest of its group when queen-sync dies, however it died.
+whole tree and a signal to queen-sync reaches it exactly once (forwarded). The lease
+is what makes the group's work exclusive, so it is released only once nothing of the
+group runs: what the command leaves behind is stopped first. Nor may the group
+outlive queen-sync, since nobody renews the lease then: on Linux the kernel's
+parent-death signal kills the command itself, and a watchdog process, started before
+the command and told its group before ``exec``, kills the rest when queen-sync dies,
+however it died.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
 from .singleton import LOST_EXIT_CODE
 
@@ -33,7 +37,9 @@ class Child:
         self.command = command
         self.grace = grace
         self.process: Optional[subprocess.Popen[bytes]] = None
-        self.kill_at: Optional[float] = None  # monotonic; set by the first SIGTERM or SIGINT
+        self.kill_at: Optional[float] = None  # monotonic; when the group gets SIGKILL
+        self.killed = False  # the group got SIGKILL: nothing of it runs user code any more
+        self.finished = False  # supervision is over: the group's number may name another
 
     def environment(self) -> dict[str, str]:
         lock = self.lock
@@ -41,27 +47,36 @@ class Child:
                     QUEEN_LOCK_TOKEN=str(lock.token), QUEEN_LOCK_SLOT=str(lock.slot))
 
     def run(self) -> int:
+        # The watchdog comes first and learns the group from the command's own process
+        # before exec, so no instruction of the command runs unwatched.
+        watchdog = _Watchdog.start()
         try:
             # Its own session and group: a lost lease stops the whole tree, and a
             # signal to queen-sync reaches the command exactly once (forwarded).
-            self.process = subprocess.Popen(self.command, env=self.environment(),
-                                            start_new_session=True,
-                                            preexec_fn=die_with_parent())
-        except FileNotFoundError:
-            print(f"queen-sync: command not found: {self.command[0]}", file=sys.stderr)
-            return 127
-        except PermissionError:
-            print(f"queen-sync: cannot execute: {self.command[0]}", file=sys.stderr)
-            return 126
-        watchdog = _Watchdog.start(self.process.pid)
+            self.process = subprocess.Popen(
+                self.command, env=self.environment(), start_new_session=True,
+                preexec_fn=prepare_child(None if watchdog is None else watchdog.fd))
+        except (OSError, subprocess.SubprocessError) as exc:
+            _dismiss(watchdog)
+            return _not_started(self.command[0], exc)
+        if watchdog is not None:
+            watchdog.warn_if_gone()
         previous = {sig: signal.signal(sig, self._forward) for sig in _signals()}
         try:
-            return self._watch(self.process)
+            return self._supervise(self.process)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if watchdog is not None:
-                watchdog.dismiss()
+            self._reap(self.process)
+            _dismiss(watchdog)
+
+    def _supervise(self, process: subprocess.Popen[bytes]) -> int:
+        """The exit code, once nothing of the command's group is left running."""
+        if self._watch(process):
+            self._stop_for_loss()
+            return LOST_EXIT_CODE
+        self._stop_leftovers()
+        return _shell_code(process.wait())
 
     def _forward(self, signum: int, frame: Any) -> None:
         self._signal_group(signum)
@@ -69,48 +84,145 @@ class Child:
             self.kill_at = time.monotonic() + self.grace
 
     def _signal_group(self, signum: int) -> None:
-        if self.process is None or self.process.returncode is not None:
+        if self.process is None or self.finished:
             return
+        if signum == signal.SIGKILL:
+            self.killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 
-    def _watch(self, process: subprocess.Popen[bytes]) -> int:
-        while True:
-            try:
-                return _shell_code(process.wait(timeout=0.05))
-            except subprocess.TimeoutExpired:
-                pass
+    def _watch(self, process: subprocess.Popen[bytes]) -> bool:
+        """Waits for the command's own process to end; True when the lease was lost first."""
+        while not _exited(process):
             if self.lock.lost.is_set() or not self.lock.held:
-                return self._stop(process)
+                return True
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
-                print(f"queen-sync: the command outlived the {self.grace:g}s grace after being "
-                      "asked to stop; sending SIGKILL", file=sys.stderr)
-                self._signal_group(signal.SIGKILL)
-                self.kill_at = None  # once; then wait for it as for any exit
+                self._kill_after_grace()
+            time.sleep(_POLL)
+        return False
 
-    def _stop(self, process: subprocess.Popen[bytes]) -> int:
+    def _kill_after_grace(self) -> None:
+        print(f"queen-sync: the command outlived the {self.grace:g}s grace after being "
+              "asked to stop; sending SIGKILL", file=sys.stderr)
+        self._signal_group(signal.SIGKILL)
+        self.kill_at = None  # once; then wait for it as for any exit
+
+    def _stop_for_loss(self) -> None:
         reason = self.lock.lost_reason or "expired"
         print(f"queen-sync: the lease on {self.lock.name!r} was lost ({reason}); stopping the "
               f"command (SIGTERM, SIGKILL after {self.grace:g}s)", file=sys.stderr)
         self._signal_group(signal.SIGTERM)
-        try:
-            process.wait(timeout=self.grace)
-        except subprocess.TimeoutExpired:
+        self._drain(time.monotonic() + self.grace)
+
+    def _stop_leftovers(self) -> None:
+        """What the command left in its group must not outlive the lease: stop it first."""
+        assert self.process is not None
+        left = _group_size(self.process.pid)
+        if not left:
+            return
+        if self.killed:  # the group got SIGKILL already: only let it vanish
+            self._drain(time.monotonic())
+            return
+        asked = self.kill_at is not None  # a forwarded signal already asked them to stop
+        how = (f"SIGKILL when the {self.grace:g}s grace ends" if asked
+               else f"SIGTERM, SIGKILL after {self.grace:g}s")
+        print(f"queen-sync: warning: the command exited but left {left} process"
+              f"{'es' if left > 1 else ''} running in its group; stopping them ({how}) "
+              "before the lease is released", file=sys.stderr)
+        if self.kill_at is None:
+            self._signal_group(signal.SIGTERM)
+            self.kill_at = time.monotonic() + self.grace
+        self._drain(self.kill_at)
+
+    def _drain(self, deadline: float) -> None:
+        """Waits until nothing of the group runs; SIGKILLs what is left at ``deadline``."""
+        assert self.process is not None
+        group = self.process.pid
+        while _group_size(group) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        if _group_size(group):
             self._signal_group(signal.SIGKILL)
-            process.wait()
-        return LOST_EXIT_CODE
+            # A SIGKILLed process runs none of its code again; this wait only lets it
+            # vanish before the lease is released, bounded for one stuck in the kernel.
+            until = time.monotonic() + _KILL_WAIT
+            while _group_size(group) and time.monotonic() < until:
+                time.sleep(_POLL / 5)
+
+    def _reap(self, process: subprocess.Popen[bytes]) -> None:
+        """Collects the command's status; an error in supervision leaves nothing running."""
+        if process.returncode is None and _group_size(process.pid):
+            self._signal_group(signal.SIGKILL)
+        self.finished = True
+        process.wait()
+
+
+_POLL = 0.05  # seconds between looks at the command and the lease
+_KILL_WAIT = 1.0  # seconds a SIGKILLed group gets to vanish
+
+
+def _not_started(program: str, exc: BaseException) -> int:
+    """Reports a command that could not be started: 127 not found, 126 not executable."""
+    if isinstance(exc, FileNotFoundError) and not _exists(program):
+        print(f"queen-sync: command not found: {program}", file=sys.stderr)
+        return 127
+    if isinstance(exc, FileNotFoundError):  # the file is there: its #! interpreter is not
+        why = "its #! interpreter was not found"
+    else:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    print(f"queen-sync: the command could not be executed: {program} ({why})", file=sys.stderr)
+    return 126
+
+
+def _exists(program: str) -> bool:
+    return os.path.exists(program) if os.sep in program else shutil.which(program) is not None
+
+
+def _dismiss(watchdog: Optional[_Watchdog]) -> None:
+    if watchdog is not None:
+        watchdog.dismiss()
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
+def prepare_child(watchdog: Optional[int]) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn``: ties the command to queen-sync and names its group to the watchdog.
+
+    It runs in the command's process after ``setsid`` and before ``exec``, so both are in
+    place before the command's first instruction. ``watchdog`` is the write end of the
+    watchdog's pipe (None without a watchdog).
+    """
+    tie = die_with_parent()
+    if tie is None and watchdog is None:
+        return None
+
+    def prepare() -> None:
+        if tie is not None:
+            tie()
+        if watchdog is not None:
+            _name_group(watchdog)
+
+    return prepare
+
+
+def _name_group(fd: int) -> None:
+    # SIGPIPE is back at its default here: a watchdog that died must not kill the command
+    # before it starts (queen-sync warns about the missing watchdog instead).
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        os.write(fd, b"%d\n" % os.getpgid(0))
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+
+
 def die_with_parent() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that has the kernel SIGKILL the command when queen-sync dies (Linux).
+    """The part of ``preexec_fn`` that has the kernel SIGKILL the command when queen-sync dies.
 
     SIGKILL, not SIGTERM: once queen-sync is gone nobody renews the lease or enforces
     ``--grace``, so a command that caught SIGTERM to finish its work would do that work
-    unprotected. None where there is no ``prctl`` (the command then outlives a killed
-    queen-sync, as documented).
+    unprotected. None where there is no ``prctl`` (not Linux).
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -132,13 +244,19 @@ def die_with_parent() -> Optional[Callable[[], None]]:
     return tie
 
 
-# Reads its stdin until queen-sync says "done" (one byte) or dies (end of file, whatever
-# killed it); on the latter it kills the command's whole process group.
+# Reads the command's group (a line the command's process writes before exec), then waits
+# for queen-sync to say "done" or to die (end of file, whatever killed it); on the latter
+# it kills the whole group.
 _WATCHDOG_CODE = """\
 import os, signal, sys
-if not sys.stdin.buffer.read(1):
+group = None
+for line in sys.stdin.buffer:
+    if line == b"done\\n":
+        sys.exit()
+    group = int(line)
+if group is not None:
     try:
-        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
 """
@@ -152,37 +270,83 @@ class _Watchdog:
     is how the watchdog learns that queen-sync is gone, however it died.
     """
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], stdin: IO[bytes]) -> None:
         self.process = process
+        self.stdin = stdin
+        self.fd = stdin.fileno()
 
     @classmethod
-    def start(cls, group: int) -> Optional[_Watchdog]:
+    def start(cls) -> Optional[_Watchdog]:
         if not sys.executable:
             return None
         try:
             # Its own session: a Ctrl-C or SIGHUP meant for queen-sync never reaches it.
-            process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE,
-                                        str(group)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE],
+                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       start_new_session=True)
         except OSError as exc:
             print(f"queen-sync: warning: no watchdog for the command ({exc}); what it starts "
                   "may outlive a killed queen-sync", file=sys.stderr)
             return None
-        return cls(process)
+        assert process.stdin is not None
+        return cls(process, process.stdin)
+
+    def warn_if_gone(self) -> None:
+        if self.process.poll() is not None:
+            print("queen-sync: warning: the command's watchdog is gone; what the command "
+                  "starts may outlive a killed queen-sync", file=sys.stderr)
 
     def dismiss(self) -> None:
         """The command is over: the watchdog exits without killing anything."""
-        stdin = self.process.stdin
-        if stdin is not None:
-            with contextlib.suppress(OSError):  # it died already: nothing to tell it
-                stdin.write(b"x")
-            with contextlib.suppress(OSError):
-                stdin.close()
+        with contextlib.suppress(OSError):  # it died already: nothing to tell it
+            self.stdin.write(b"done\n")
+        with contextlib.suppress(OSError):
+            self.stdin.close()
         try:
             self.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+# Linux lists a group's members in /proc; elsewhere only "is anybody left" can be asked.
+_PROC = os.path.exists("/proc/self/stat")
+
+
+def _exited(process: subprocess.Popen[bytes]) -> bool:
+    """True once the command's own process has ended.
+
+    Where /proc lists the group, the process is left unreaped (a zombie): its pid names
+    the group, and no other process or group can take that number while it is emptied.
+    """
+    if process.returncode is not None:
+        return True
+    if _PROC and hasattr(os, "waitid"):
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, process.pid, flags) is not None
+    return process.poll() is not None
+
+
+def _group_size(group: int) -> int:
+    """How many processes of ``group`` still run (zombies excluded)."""
+    if not _PROC:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return 0
+        except PermissionError:
+            pass
+        return 1
+    return sum(1 for pid in os.listdir("/proc") if pid.isdigit() and _runs_in(pid, group))
+
+
+def _runs_in(pid: str, group: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:  # it ended while the list was read
+        return False
+    return fields[0] not in (b"Z", b"X") and int(fields[2]) == group
 
 
 # Forwarded signals that ask the command to stop: it gets --grace to do so before SIGKILL.

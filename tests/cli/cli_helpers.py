@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,21 @@ def child_waiting_for(go: Path, report: Path) -> list[str]:
         "    time.sleep(0.02)\n"
     )
     return [sys.executable, "-c", code]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody has reaped yet counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def kill_if_alive(pid: int) -> None:
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 class Cli:

@@ -139,6 +139,25 @@ class TestTheChild:
         assert "not found" in done.stderr
         assert cli.holders("job") == [], "nothing stays held"
 
+    @pytest.mark.parametrize(("content", "mode"), [
+        ("echo no shebang\n", 0o755),
+        ("#!/bin/sh\necho not executable\n", 0o644),
+        ("#!/no/such/interpreter\necho bad interpreter\n", 0o755),
+    ], ids=["without a shebang", "not executable", "with a missing interpreter"])
+    def test_a_file_that_cannot_be_executed_exits_126_and_releases(
+            self, cli: Cli, tmp_path: Path, content: str, mode: int) -> None:
+        program = tmp_path / "job"
+        program.write_text(content)
+        program.chmod(mode)
+        done = cli.run("run", "job", "--", str(program))
+        assert done.returncode == 126, (
+            f"an existing file that cannot be executed exits 126, got {done.returncode}: "
+            f"{done.stderr!r}")
+        assert "could not be executed" in done.stderr and str(program) in done.stderr, (
+            f"stderr must name the program and say why: {done.stderr!r}")
+        assert "Traceback" not in done.stderr, f"no traceback: {done.stderr!r}"
+        assert cli.holders("job") == [], "nothing stays held"
+
 
 class TestLosingTheLease:
     @pytest.mark.parametrize("how", ["release --token", "row deleted"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -11,8 +10,10 @@ from pathlib import Path
 import pytest
 from cli_helpers import (
     Cli,
+    alive,
     child_waiting_for,
     cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
+    kill_if_alive,
 )
 from polling import wait_for
 
@@ -33,21 +34,6 @@ def _pid_writer(report: Path) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie nobody has reaped yet counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _kill_if_alive(pid: int) -> None:
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
 class TestTheRunnerKilled:
     def test_a_command_dies_within_a_second_when_its_runner_is_killed_with_sigkill(
             self, cli: Cli, tmp_path: Path) -> None:
@@ -58,14 +44,14 @@ class TestTheRunnerKilled:
             runner.kill()
             runner.wait(timeout=5)
             killed_at = time.monotonic()
-            while _alive(pid) and time.monotonic() - killed_at < 3.0:
+            while alive(pid) and time.monotonic() - killed_at < 3.0:
                 time.sleep(0.02)
             took = time.monotonic() - killed_at
-            assert not _alive(pid), (
+            assert not alive(pid), (
                 f"the command (pid {pid}) was still running 3 s after its runner was killed")
             assert took < 1.0, f"the command must die within ~1 s of its runner, took {took:.2f}s"
         finally:
-            _kill_if_alive(pid)
+            kill_if_alive(pid)
 
     def test_processes_the_command_started_die_too_when_its_runner_is_killed(
             self, cli: Cli, tmp_path: Path) -> None:
@@ -80,14 +66,39 @@ class TestTheRunnerKilled:
             runner.kill()
             runner.wait(timeout=5)
             killed_at = time.monotonic()
-            while _alive(pid) and time.monotonic() - killed_at < 3.0:
+            while alive(pid) and time.monotonic() - killed_at < 3.0:
                 time.sleep(0.02)
             took = time.monotonic() - killed_at
-            assert not _alive(pid), (
+            assert not alive(pid), (
                 f"a process the command started (pid {pid}) outlived the killed runner by 3 s")
             assert took < 1.0, f"it must die within ~1 s of its runner, took {took:.2f}s"
         finally:
-            _kill_if_alive(pid)
+            kill_if_alive(pid)
+
+
+    def test_a_runner_killed_the_moment_its_command_starts_leaves_nothing_of_it_running(
+            self, cli: Cli, tmp_path: Path) -> None:
+        # The command forks a worker and kills its runner at once, standing in for the OOM
+        # killer striking as the command starts; a race, so several runs at once.
+        runs = 8
+        for i in range(runs):
+            cli.start("run", f"etl-{i}", "--ttl", "30s", "--", "sh", "-c",
+                      f"sleep 30 & echo $! > '{tmp_path}/pid-{i}'; kill -9 $PPID; wait")
+        reports = [tmp_path / f"pid-{i}" for i in range(runs)]
+        for process in cli.started:
+            process.wait(timeout=20)
+        pids = [int(wait_for(lambda r=report: r.exists() and r.read_text().strip(),
+                             what="a worker's pid")) for report in reports]
+        try:
+            wait_for(lambda: not any(alive(pid) for pid in pids), timeout=3.0,
+                     what="every worker to die with its runner")
+        except AssertionError:
+            survivors = [pid for pid in pids if alive(pid)]
+            raise AssertionError(f"{len(survivors)} of {runs} workers outlived their killed "
+                                 f"runner by 3 s, running without a lease: {survivors}") from None
+        finally:
+            for pid in pids:
+                kill_if_alive(pid)
 
 
 class TestTheRunnerStopped:
@@ -111,10 +122,10 @@ class TestTheRunnerStopped:
                 f"a continued runner whose lease expired must exit {LOST_EXIT}, got "
                 f"{first.returncode}: {err!r}")
             assert "lost" in err, f"stderr must say the lease was lost: {err!r}"
-            assert not _alive(pid), "the first command must be stopped"
+            assert not alive(pid), "the first command must be stopped"
             assert took < 1.5, f"the command must be stopped at once on SIGCONT, took {took:.2f}s"
             go.touch()
             second.communicate(timeout=10)
             assert second.returncode == 0, f"the second run is unharmed: {second.returncode}"
         finally:
-            _kill_if_alive(pid)
+            kill_if_alive(pid)
