@@ -17,10 +17,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .._durations import parse_duration
+from .._durations import parse_duration, utc_text
 from .._errors import EngineError, QueenError
+from .._ops import MAX_LIMIT
+from .._results import describe_holders
 from .cli_child import Child
-from .singleton import LOST_EXIT_CODE, _utc, describe_holders
+from .singleton import LOST_EXIT_CODE
 
 if TYPE_CHECKING:
     from .._client import Queen
@@ -156,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lease lifetime, renewed at a third of it (default 5m)")
     run.add_argument("--wait", type=wait_arg, default=0.0,
                      help="how long to wait for a busy lease (default 0: do not wait)")
-    run.add_argument("--limit", type=_int(1, 1024), default=1,
+    run.add_argument("--limit", type=_int(1, MAX_LIMIT), default=1,
                      help="permits of NAME (a semaphore when > 1; default 1)")
     run.add_argument("--busy-exit-code", type=_int(0, 255), default=EX_BUSY,
                      help=f"exit code when busy (default {EX_BUSY}, EX_TEMPFAIL)")
@@ -275,7 +277,7 @@ def _final_release(lock: Lock) -> None:
 def _holder_json(name: str, holder: Holder) -> dict[str, Any]:
     expires_in = holder.expires_in
     return {"name": name, "slot": holder.slot, "owner": holder.owner, "token": holder.token,
-            "since": _utc(holder.since), "since_ms": holder.since,
+            "since": utc_text(holder.since), "since_ms": holder.since,
             "expires_at_ms": holder.expires_at,
             "expires_in": None if expires_in is None else round(max(0.0, expires_in), 3)}
 

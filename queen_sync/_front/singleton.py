@@ -52,8 +52,7 @@ from .._durations import Duration, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
 from .._handle.lock import Lock, wait_seconds
 from .._ops import check_name
-from .._results import Result
-from .._results import describe_holders as describe_holders  # the CLI imports it here
+from .._results import Result, describe_holders
 
 if TYPE_CHECKING:
     from .._client import Queen
@@ -74,7 +73,6 @@ ONCE_NS = "queen-jobs"
 _ON_BUSY = ("skip", "raise", "wait")
 _ON_LOST = ("interrupt", "exit", "ignore")
 _wall: Callable[[], float] = time.time  # the wall clock periods are cut on (tests replace it)
-_utc = utc_text  # the name the CLI imports it by
 
 
 @dataclass(frozen=True)
@@ -142,8 +140,10 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
         once_per: run at most once per period (e.g. ``"1d"``: one UTC day) across
             the fleet: a call in a period already completed skips, logging when and
             by whom it ran.
-        supervision: a group name: publish the job's status into the KV namespace
-            ``queen-supervisor`` while it runs (off by default: no thread, no traffic).
+        supervision: a group name (the broker's rule: 1-255 of ``A-Za-z0-9._-``, first
+            a letter or digit, not ``coordination``): publish the job's status where
+            the broker's Supervisors page reads it, while it runs (off by default: no
+            thread, no traffic).
         queen: the old name of ``client`` (deprecated: it warns).
 
     Raises:
@@ -192,8 +192,10 @@ def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_l
     _check_client(client, "client")
     if not isinstance(bind, bool):
         raise TypeError("bind must be True or False")
-    if supervision is not None and (not isinstance(supervision, str) or not supervision):
-        raise ValueError("supervision must be a non-empty group name")
+    if supervision is not None:
+        from .supervision import check_group  # loaded only by jobs that publish a status
+
+        check_group(supervision)
     period = parse_duration(once_per, what="once_per") if once_per is not None else None
     return _Spec(name, parse_duration(ttl, what="ttl"), waiting, on_busy, on_lost, client, bind,
                  period, supervision)
