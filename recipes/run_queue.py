@@ -5,7 +5,7 @@ import queen_sync as qs
 from queen_sync.recipes.run_queue import RunQueue
 
 with qs.Queen() as q:
-    runs = RunQueue(q, "thumbnails")
+    runs = RunQueue(q, "thumbnails", max_attempts=3)
     for n in range(3):
         runs.submit(f"image-{n}", {"size": 128 * (n + 1)})
     claim = runs.claim(ttl="30s")                    # the next unclaimed run, or None
@@ -28,13 +28,27 @@ What it guarantees:
       ``checkpoint``/``complete`` raise ``FencedOutError`` (presented and current
       fence). That is the moment a stalled worker learns it lost the run.
     * Each run is completed at most once: the completion record is created
-      exclusively, under the guard.
+      exclusively, under the guard, in the step that takes the run off the queue.
+    * Every claim of a run counts as an attempt (``claim.attempt``). With
+      ``max_attempts``, the claim that would exceed it moves the run to the dead
+      letters instead (``dead_letters()``, ``requeue()``): a run that keeps killing
+      its workers stops being retaken.
     * ``release()`` returns a run to the queue at once (no waiting for expiry).
-    * ``list()`` judges every claim's expiry by the engine's clock, once per
-      listing; an expired claim counts as unclaimed.
+    * ``list()`` judges every claim's expiry by the engine's clock, once per page;
+      an expired claim counts as unclaimed.
+
+What a claim costs: the pending runs are records of their own (a completed or
+dead-lettered run leaves them), and a claim reads one page of them, with the live
+claims of that page, in ONE call, from a cursor that moves on past each run this
+queue object claims and wraps around at the end. So its cost depends on neither
+how many runs the queue has completed nor how many are pending, only on how many
+runs in its way are held by others. Completion and dead-letter records are kept
+for ``retention`` (7 days by default) and never read by a claim; a run id can be
+submitted again once its records have expired.
 
 What it does not do: fence side effects outside the queue's own records. Make a
-run's external effects idempotent, or fence them with ``claim.fence``.
+run's external effects idempotent, or fence them with ``claim.fence``. Keep
+payloads small: a claim and each checkpoint rewrite the run's record whole.
 
 Holder identities are unique per process by default (``host:pid:random``), and
 each claim's lock owner adds a fresh suffix, so two workers that share a holder
@@ -46,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import secrets
 import socket
 import threading
@@ -53,27 +68,47 @@ import time
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, List, Optional, Union, overload
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+    overload,
+)
 
 from typing_extensions import deprecated
 
 import queen_sync as qs
 
-__all__ = ["Claim", "ClaimInfo", "Completion", "RunEntry", "RunQueue"]
+__all__ = ["Claim", "ClaimInfo", "Completion", "DeadLetter", "Page", "ResultPage", "RunEntry",
+           "RunQueue"]
 
 log = logging.getLogger("queen_sync.recipes")
 
 #: Seconds, a ``timedelta`` or a string such as ``"30s"`` (as everywhere in queen_sync).
 Duration = Union[float, timedelta, str]
+T = TypeVar("T")
 
-#: The namespace of every queue's records: ``<queue>/run|claim|state|done/<run id>``.
+#: The namespace of every queue's records: ``<queue>/pending|done|dead/<run id>``.
 RUNS_NS = "queen-sync.runs"
+#: How long completion and dead-letter records are kept unless the queue says otherwise.
+DEFAULT_RETENTION = "7d"
+#: Pending runs a claim reads per call; the live claims among them come in the same call.
+PAGE_SIZE = 32
 #: The namespace the engines keep lock permits in (``<lock name>#<slot>``, version = token).
-#: Reading it lets one batch list every claim with the runs. queen_sync exports no public
-#: name for it (nor for splitting a permit key), so this copy of the wire rule must follow
-#: the wire if it ever changes.
+#: Reading it lets one call list the claims with the runs. queen_sync exports no public
+#: name for it (nor for a permit's key), so this copy of the wire rule must follow the
+#: wire if it ever changes.
 _PERMITS_NS = "queen-locks"
 _LOCK_PREFIX = "queen-sync.run-queue/"
+_MAX_PAGE = 1000  # the wire's largest getPrefix page
+_TAKE_TRIES = 3
+_SUBMIT_CHUNK = 100
 _PROCESS_HOLDER: dict[int, str] = {}
 
 
@@ -113,12 +148,27 @@ def _check_id(value: Any, what: str, max_bytes: int) -> str:
     return value
 
 
+def _check_count(value: Any, what: str, *, optional: bool = True) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int{' or None' if optional else ''}, "
+                        f"got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def _check_after(after: Any) -> Optional[str]:
+    return None if after is None else _check_id(after, "after", 180)
+
+
 @dataclass(frozen=True)
 class ClaimInfo:
     """A run's claim as a listing saw it (``expired`` judged by the engine's clock).
 
     ``expires_at`` is the engine's expiry for a live claim; for an expired one, the
-    expiry its holder estimated at its last checkpoint (later renewals are not recorded).
+    expiry its holder estimated at its last write (later renewals are not recorded).
     """
 
     holder: str
@@ -129,12 +179,13 @@ class ClaimInfo:
 
 @dataclass(frozen=True)
 class RunEntry:
-    """One pending (not yet completed) run."""
+    """One pending (not yet completed) run; ``attempts`` counts its claims so far."""
 
     run_id: str
     payload: Any
     claim: Optional[ClaimInfo]
     state: Any
+    attempts: int = 0
 
     @property
     def claimed(self) -> bool:
@@ -150,18 +201,72 @@ class Completion:
     result: Any
     holder: str
     fence: int
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A run taken off the queue after ``attempts`` claims: its payload and last checkpoint.
+
+    ``claim`` is the last claim its record kept: the one that died holding it, or None
+    when the last claim gave the run back (``release()``, or ``work()`` after ``fn`` raised).
+    """
+
+    run_id: str
+    payload: Any
+    state: Any
+    attempts: int
+    claim: Optional[ClaimInfo]
+
+
+class Page(List[T]):
+    """One page of a listing, in run-id order.
+
+    ``next_after`` is the ``after=`` that continues the listing; None once nothing follows.
+    """
+
+    def __init__(self, items: Iterable[T] = (), next_after: Optional[str] = None) -> None:
+        super().__init__(items)
+        self.next_after = next_after
+
+
+class ResultPage(Dict[str, "Completion"]):
+    """One page of completion records by run id; ``next_after`` continues it (None: done)."""
+
+    def __init__(self, items: Iterable[tuple[str, Completion]] = (),
+                 next_after: Optional[str] = None) -> None:
+        super().__init__(items)
+        self.next_after = next_after
+
+
+def _recorded_claim(value: Any) -> Optional[ClaimInfo]:
+    """The claim a record remembers; with no live permit behind it, it has expired."""
+    if not isinstance(value, dict):
+        return None
+    return ClaimInfo(value["holder"], int(value["fence"]), _utc(value.get("expiresAt")),
+                     expired=True)
+
+
+def _entry(run_id: str, value: dict[str, Any], live: Optional[ClaimInfo]) -> RunEntry:
+    claim = live or _recorded_claim(value.get("claim"))
+    return RunEntry(run_id, value.get("payload"), claim, value.get("state"),
+                    int(value.get("attempts", 0)))
 
 
 class Claim:
-    """This worker's claim on one run. Its writes are fenced; read ``fence`` at use time."""
+    """This worker's claim on one run. Its writes are fenced; read ``fence`` at use time.
+
+    ``attempt`` is this claim's place among the run's claims (1 for the first).
+    """
 
     def __init__(self, queue: RunQueue, run_id: str, payload: Any, state: Any,
-                 holder: str, lock: qs.Lock) -> None:
+                 holder: str, lock: qs.Lock, attempt: int = 1) -> None:
         self.run_id = run_id
         self.payload = payload
         self.state = state
         self.holder = holder
         self.lock = lock
+        self.attempt = attempt
         self.done = False
         self._queue = queue
         self._last_fence = lock.token or 0
@@ -185,10 +290,9 @@ class Claim:
         Raises:
             FencedOutError: this claim was superseded or has expired.
         """
-        queue = self._queue
         txn = self._fenced_txn()
-        txn.kv.put(RUNS_NS, queue._key("state", self.run_id), state, forever=True)
-        txn.kv.put(RUNS_NS, queue._key("claim", self.run_id), self._record(), forever=True)
+        txn.kv.put(RUNS_NS, self._queue._key("pending", self.run_id),
+                   self._pending(state, self._record()), forever=True, required=True)
         self._commit(txn)
         self.state = state
 
@@ -199,25 +303,33 @@ class Claim:
             FencedOutError: this claim was superseded, or the run was already completed.
         """
         queue = self._queue
-        record = {"result": result, "holder": self.holder, "fence": self.fence}
+        record = {"result": result, "holder": self.holder, "fence": self.fence,
+                  "attempts": self.attempt}
         txn = self._fenced_txn()
-        txn.kv.put_if_absent(RUNS_NS, queue._key("done", self.run_id), record, forever=True,
-                             required=True)
-        txn.kv.delete(RUNS_NS, queue._key("claim", self.run_id))
-        txn.kv.delete(RUNS_NS, queue._key("state", self.run_id))
+        txn.kv.put_if_absent(RUNS_NS, queue._key("done", self.run_id), record,
+                             ttl=queue.retention, required=True)
+        txn.kv.delete(RUNS_NS, queue._key("pending", self.run_id), required=True)
         self._commit(txn)
         self.done = True
         self.lock.release()
 
     def release(self) -> bool:
-        """Give the run back to the queue at once; False when the claim was already gone."""
+        """Give the run back to the queue at once; False when the claim was already gone.
+
+        The attempt still counts: a run given back is retaken as its next attempt.
+        """
         if self.done or not self.lock.held:
             return self.lock.release()
         txn = self._queue._q.transaction().guard(self.lock)
-        txn.kv.delete(RUNS_NS, self._queue._key("claim", self.run_id))
+        txn.kv.put(RUNS_NS, self._queue._key("pending", self.run_id),
+                   self._pending(self.state, None), forever=True, required=True)
         with contextlib.suppress(qs.LockNotHeldError):  # expired meanwhile: nothing to undo
             txn.commit()
         return self.lock.release()
+
+    def _pending(self, state: Any, claim: Optional[dict[str, Any]]) -> dict[str, Any]:
+        return {"payload": self.payload, "attempts": self.attempt, "state": state,
+                "claim": claim}
 
     def _record(self) -> dict[str, Any]:
         expires_ms = int((time.time() + self.lock.remaining) * 1000)
@@ -266,7 +378,20 @@ class Claim:
 
     def __repr__(self) -> str:
         state = "completed" if self.done else ("held" if self.held else "lost")
-        return f"<Claim {self.run_id!r} fence={self.fence} {state} holder={self.holder!r}>"
+        return (f"<Claim {self.run_id!r} fence={self.fence} attempt={self.attempt} {state} "
+                f"holder={self.holder!r}>")
+
+
+@dataclass(frozen=True)
+class _PageRead:
+    """One page of pending runs as read: (run id, record value, version), and live claims."""
+
+    rows: List[tuple[str, dict[str, Any], int]]
+    live: Dict[str, ClaimInfo]
+    next_after: Optional[str]
+
+    def entries(self) -> List[RunEntry]:
+        return [_entry(run_id, value, self.live.get(run_id)) for run_id, value, _ in self.rows]
 
 
 class RunQueue:
@@ -276,22 +401,32 @@ class RunQueue:
         client: the client whose engine keeps the queue (``q=`` is a deprecated
             spelling of this keyword).
         name: the queue's name (1..64 bytes, no ``/`` or ``#``).
+        retention: how long completion and dead-letter records are kept (default 7 days).
+        max_attempts: claims a run gets before the next one dead-letters it instead
+            (default None: retaken for as long as it takes).
     """
 
     @overload
-    def __init__(self, client: qs.Queen, name: str) -> None: ...
+    def __init__(self, client: qs.Queen, name: str, *, retention: Duration = DEFAULT_RETENTION,
+                 max_attempts: Optional[int] = None) -> None: ...
 
     @overload
     @deprecated("RunQueue(q=...) is deprecated: pass client=...")
-    def __init__(self, *, q: qs.Queen, name: str) -> None: ...
+    def __init__(self, *, q: qs.Queen, name: str, retention: Duration = DEFAULT_RETENTION,
+                 max_attempts: Optional[int] = None) -> None: ...
 
     def __init__(self, client: Optional[qs.Queen] = None, name: Optional[str] = None, *,
-                 q: Optional[qs.Queen] = None) -> None:
+                 q: Optional[qs.Queen] = None, retention: Duration = DEFAULT_RETENTION,
+                 max_attempts: Optional[int] = None) -> None:
         self._q = _the_client(client, q, "RunQueue")
         name = _check_id(name, "queue name", 64)
         if "/" in name:
             raise ValueError(f"queue name {name!r} must not contain '/'")
+        qs.parse_duration(retention, what="retention")
         self.name = name
+        self.retention = retention
+        self.max_attempts = _check_count(max_attempts, "max_attempts")
+        self._cursor: Optional[str] = None  # the run this object claimed last
 
     def _key(self, kind: str, run_id: str) -> str:
         return f"{self.name}/{kind}/{run_id}"
@@ -300,105 +435,255 @@ class RunQueue:
         return f"{_LOCK_PREFIX}{self.name}/{run_id}"
 
     def submit(self, run_id: str, payload: Any = None) -> bool:
-        """Add a run; False (and nothing changes) when ``run_id`` was submitted before."""
+        """Add a run; False (and nothing changes) when ``run_id`` is pending, or completed or
+        dead-lettered within the retention."""
         _check_id(run_id, "run id", 180)
-        return bool(self._q.kv.put_if_absent(RUNS_NS, self._key("run", run_id),
-                                             {"payload": payload}, forever=True))
+        txn = self._q.transaction()
+        self._add_new(txn, run_id, payload)
+        return bool(txn.commit())
 
-    def list(self, claimed: Optional[bool] = None) -> List[RunEntry]:
+    def submit_many(self, runs: Union[Mapping[str, Any], Iterable[tuple[str, Any]]]) -> int:
+        """Add many runs (``{run_id: payload}`` or pairs), a hundred per call; returns how
+        many were new. Every id is checked before anything is written."""
+        pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
+        for run_id, _ in pairs:
+            _check_id(run_id, "run id", 180)
+        added = 0
+        for start in range(0, len(pairs), _SUBMIT_CHUNK):
+            chunk = pairs[start:start + _SUBMIT_CHUNK]
+            txn = self._q.transaction()
+            for run_id, payload in chunk:
+                self._add_new(txn, run_id, payload)
+            if txn.commit():
+                added += len(chunk)
+            else:  # one of them was known: all or nothing, so ask run by run
+                added += sum(self.submit(run_id, payload) for run_id, payload in chunk)
+        return added
+
+    def _add_new(self, txn: qs.Transaction, run_id: str, payload: Any) -> None:
+        txn.kv.check(RUNS_NS, self._key("done", run_id), expect=0)
+        txn.kv.check(RUNS_NS, self._key("dead", run_id), expect=0)
+        txn.kv.put_if_absent(RUNS_NS, self._key("pending", run_id),
+                             {"payload": payload, "attempts": 0, "state": None, "claim": None},
+                             forever=True, required=True)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def _read_page(self, after: Optional[str], limit: int) -> _PageRead:
+        """Pending runs after ``after`` and, in the same call, the live claims among them."""
+        runs_prefix, lock_prefix = f"{self.name}/pending/", self._lock_name("")
+        op = self._q.kv.op
+        # A permit key is <lock name>#<slot>: every run after ``after`` has its permits
+        # after the lock name of ``after``, so one range read finds the page's claims.
+        runs, permits = self._q.kv.batch([
+            op.get_prefix(RUNS_NS, runs_prefix, after=_under(runs_prefix, after), limit=limit),
+            op.get_prefix(_PERMITS_NS, lock_prefix, after=_under(lock_prefix, after),
+                          limit=limit)])
+        rows = [(row["key"][len(runs_prefix):], row["value"], int(row["version"]))
+                for row in runs["rows"]]
+        live = _live_claims(lock_prefix, permits["rows"])
+        if permits.get("truncated"):
+            # More claims than the page holds runs: fetch the rest of the page's by key.
+            bound = str(permits["nextAfter"])
+            unknown = [f"{lock_prefix}{run_id}#0" for run_id, _, _ in rows
+                       if f"{lock_prefix}{run_id}#0" > bound]
+            if unknown:
+                live.update(_live_claims(lock_prefix,
+                                         self._q.kv.get_many(_PERMITS_NS, unknown)["rows"]))
+        next_after = rows[-1][0] if runs.get("truncated") and rows else None
+        return _PageRead(rows, live, next_after)
+
+    def list(self, claimed: Optional[bool] = None, *, limit: Optional[int] = None,
+             after: Optional[str] = None) -> Page[RunEntry]:
         """The pending runs in run-id order, each with its claim and last checkpoint.
 
         Args:
             claimed: None for all; True for runs with a live claim; False for runs
                 nobody holds, INCLUDING runs whose claim has expired (a dead
                 worker's runs must show up here, or nobody would retake them).
+            limit: at most this many runs (None: every one, page by page).
+            after: start after this run id (a page's ``next_after``).
         """
         if claimed is not None and not isinstance(claimed, bool):
             raise TypeError("claimed must be None, True or False")
-        rows = self._read_all()
-        done = {row["key"] for row in rows["done"]}
-        claims = _claims(rows["claim"], rows["permits"])
-        states = {row["key"]: row["value"] for row in rows["state"]}
-        entries = []
-        for row in rows["run"]:
-            run_id = row["key"]
-            if run_id in done:
-                continue
-            entry = RunEntry(run_id, row["value"]["payload"], claims.get(run_id),
-                             states.get(run_id))
-            if claimed is None or entry.claimed == claimed:
-                entries.append(entry)
-        return entries
+        limit, cursor = _check_count(limit, "limit"), _check_after(after)
+        found: List[RunEntry] = []
+        while True:
+            page = self._read_page(cursor, _MAX_PAGE if limit is None
+                                   else min(_MAX_PAGE, limit - len(found)))
+            entries = page.entries()
+            for n, entry in enumerate(entries):
+                if claimed is None or entry.claimed == claimed:
+                    found.append(entry)
+                if limit is not None and len(found) == limit:
+                    more = n + 1 < len(entries) or page.next_after is not None
+                    return Page(found, entry.run_id if more else None)
+            if page.next_after is None:
+                return Page(found)
+            cursor = page.next_after
 
-    def _read_all(self) -> dict[str, List[dict[str, Any]]]:
-        """Every record of the queue, keyed by run id; claims and permits in ONE call."""
-        kinds = ("run", "claim", "state", "done")
-        prefixes = {kind: f"{self.name}/{kind}/" for kind in kinds}
-        ops = [self._q.kv.op.get_prefix(RUNS_NS, prefixes[kind], limit=1000) for kind in kinds]
-        ops.append(self._q.kv.op.get_prefix(_PERMITS_NS, self._lock_name(""), limit=1000))
-        answers = self._q.kv.batch(ops)
-        rows: dict[str, List[dict[str, Any]]] = {}
-        for kind, answer in zip((*kinds, "permits"), answers):
-            ns, prefix = ((_PERMITS_NS, self._lock_name("")) if kind == "permits"
-                          else (RUNS_NS, prefixes[kind]))
-            found = list(answer["rows"])
-            if answer.get("truncated"):
-                found += self._q.kv.list_all(ns, prefix)[len(found):]
-            rows[kind] = [{**row, "key": row["key"][len(prefix):]} for row in found]
-        return rows
+    def _records(self, kind: str, limit: Optional[int], after: Optional[str]
+                 ) -> tuple[List[dict[str, Any]], Optional[str]]:
+        """A page of ``kind`` records (keys stripped to run ids) and the cursor after it."""
+        limit, cursor = _check_count(limit, "limit"), _check_after(after)
+        prefix = f"{self.name}/{kind}/"
+        rows: List[dict[str, Any]] = []
+        while limit is None or len(rows) < limit:
+            want = _MAX_PAGE if limit is None else min(_MAX_PAGE, limit - len(rows))
+            page = self._q.kv.get_prefix(RUNS_NS, prefix, after=_under(prefix, cursor),
+                                         limit=want)
+            rows += [{**row, "key": row["key"][len(prefix):]} for row in page["rows"]]
+            if not page.get("truncated") or not rows:
+                return rows, None
+            cursor = rows[-1]["key"]
+        return rows, cursor
+
+    def results(self, *, limit: Optional[int] = None, after: Optional[str] = None
+                ) -> ResultPage:
+        """Completed runs' records by run id, in run-id order (kept for the retention).
+
+        Args:
+            limit: at most this many (None: every one, page by page).
+            after: start after this run id (a page's ``next_after``).
+        """
+        rows, next_after = self._records("done", limit, after)
+        return ResultPage(((row["key"], _completion(row["key"], row["value"])) for row in rows),
+                          next_after)
+
+    def dead_letters(self, *, limit: Optional[int] = None, after: Optional[str] = None
+                     ) -> Page[DeadLetter]:
+        """Runs taken off the queue after ``max_attempts`` claims, in run-id order."""
+        rows, next_after = self._records("dead", limit, after)
+        return Page((_dead_letter(row["key"], row["value"]) for row in rows), next_after)
+
+    def requeue(self, run_id: str) -> bool:
+        """Put a dead-lettered run back on the queue with its attempts counted from zero.
+
+        Returns:
+            False when ``run_id`` is not among the dead letters (any more).
+        """
+        _check_id(run_id, "run id", 180)
+        record = self._q.kv.get(RUNS_NS, self._key("dead", run_id))
+        if not record:
+            return False
+        value = record["value"]
+        txn = self._q.transaction()
+        txn.kv.delete(RUNS_NS, self._key("dead", run_id), expect=record["version"],
+                      required=True)
+        txn.kv.put_if_absent(RUNS_NS, self._key("pending", run_id),
+                             {"payload": value.get("payload"), "attempts": 0,
+                              "state": value.get("state"), "claim": None},
+                             forever=True, required=True)
+        return bool(txn.commit())
 
     def _current_fence(self, run_id: str) -> Optional[int]:
         holders = self._q.locks.get(self._lock_name(run_id)).get("holders") or []
         return int(holders[0]["token"]) if holders else None
 
-    def claim(self, *, holder: Optional[str] = None, ttl: Duration) -> Optional[Claim]:
-        """Claim the next unclaimed run (expired claims count as unclaimed).
+    # ---- claiming --------------------------------------------------------------------------
+
+    def claim(self, run_id: Optional[str] = None, *, holder: Optional[str] = None,
+              ttl: Duration) -> Optional[Claim]:
+        """Claim the next unclaimed run (expired claims count as unclaimed), or ``run_id``.
 
         Args:
+            run_id: claim this run and no other (None: the next free one after the run
+                this queue object claimed last, wrapping around at the end).
             holder: who is claiming (shown in listings). Default: ``default_holder()``.
             ttl: the claim's lease; renewed in the background while this process lives.
 
         Returns:
-            the ``Claim``, or None when no run is free now.
+            the ``Claim``, or None when no run is free now (with ``run_id``: when that
+            run is held, completed, dead-lettered or was never submitted).
         """
         who = _check_id(holder, "holder", 200) if holder is not None else default_holder()
         qs.parse_duration(ttl, what="ttl")
-        for entry in self.list(claimed=False):
-            claim = self._try_claim(entry, who, ttl)
-            if claim is not None:
-                return claim
-        return None
+        if run_id is not None:
+            return self._claim_by_id(_check_id(run_id, "run id", 180), who, ttl)
+        start = self._cursor
+        after, wrapped = start, start is None
+        while True:
+            page = self._read_page(after, PAGE_SIZE)
+            free = [row for row in page.rows if row[0] not in page.live
+                    and not (wrapped and start is not None and row[0] > start)]
+            while free:
+                run_id_, value, version = free.pop(0)
+                claim = self._try_claim(run_id_, value, version, who, ttl)
+                if claim is not None:
+                    self._cursor = run_id_
+                    return claim
+                free = _from_anywhere(free)  # lost a race: others read this page too
+            if wrapped and start is not None and page.rows and page.rows[-1][0] >= start:
+                return None  # around once: the rest was tried on the way out
+            if page.next_after is not None:
+                after = page.next_after
+            elif wrapped:
+                return None
+            else:
+                after, wrapped = None, True
 
-    def _try_claim(self, entry: RunEntry, holder: str, ttl: Duration) -> Optional[Claim]:
+    def _claim_by_id(self, run_id: str, holder: str, ttl: Duration) -> Optional[Claim]:
+        record = self._q.kv.get(RUNS_NS, self._key("pending", run_id))
+        if not record:
+            return None
+        return self._try_claim(run_id, record["value"], int(record["version"]), holder, ttl)
+
+    def _try_claim(self, run_id: str, value: dict[str, Any], version: int, holder: str,
+                   ttl: Duration) -> Optional[Claim]:
         # A fresh owner per claim: the engine then tells a renewal from a theft even when
         # two workers share a holder name.
-        lock = self._q.lock(self._lock_name(entry.run_id), ttl=ttl,
+        lock = self._q.lock(self._lock_name(run_id), ttl=ttl,
                             owner=f"{holder}/{secrets.token_hex(4)}")
         try:
             if not lock.acquire():
                 return None
-            claim = Claim(self, entry.run_id, entry.payload, entry.state, holder, lock)
-            txn = self._q.transaction().guard(lock)
-            txn.kv.check(RUNS_NS, self._key("done", entry.run_id), expect=0)  # not completed
-            txn.kv.put(RUNS_NS, self._key("claim", entry.run_id), claim._record(), forever=True)
-            if not txn.commit():
+            claim = self._take(lock, run_id, value, version, holder)
+            if claim is None:
                 lock.release()
                 return None
         except BaseException:
             lock.release()
             raise
-        log.info("%s claimed run %r of %r with fence %s", holder, entry.run_id, self.name,
-                 claim.fence)
+        log.info("%s claimed run %r of %r with fence %s (attempt %d)", holder, run_id,
+                 self.name, claim.fence, claim.attempt)
         return claim
 
-    def results(self) -> dict[str, Completion]:
-        """Every completed run's record, by run id."""
-        prefix = f"{self.name}/done/"
-        out = {}
-        for row in self._q.kv.list_all(RUNS_NS, prefix):
-            run_id, value = row["key"][len(prefix):], row["value"]
-            out[run_id] = Completion(run_id, value["result"], value["holder"], value["fence"])
-        return out
+    def _take(self, lock: qs.Lock, run_id: str, value: dict[str, Any], version: int,
+              holder: str) -> Optional[Claim]:
+        """Count the attempt on the run's record, holding its lock; None if it is gone."""
+        for _ in range(_TAKE_TRIES):
+            attempt = int(value.get("attempts", 0)) + 1
+            if self.max_attempts is not None and attempt > self.max_attempts:
+                self._dead_letter(lock, run_id, value, version)
+                return None
+            claim = Claim(self, run_id, value.get("payload"), value.get("state"), holder, lock,
+                          attempt)
+            # Expecting the version read: a claim, checkpoint or release that landed since
+            # the page was read must not be overwritten with the older record.
+            txn = self._q.transaction().guard(lock)
+            txn.kv.put(RUNS_NS, self._key("pending", run_id),
+                       {**value, "attempts": attempt, "claim": claim._record()},
+                       forever=True, expect=version, required=True)
+            answer = txn.commit()
+            if answer:
+                return claim
+            if answer.get("failedIndex") == 0 or answer.get("kvReason") != "version":
+                return None  # the lock was lost, or the run completed meanwhile
+            value, version = answer["value"], int(answer["version"])
+        return None
+
+    def _dead_letter(self, lock: qs.Lock, run_id: str, value: dict[str, Any],
+                     version: int) -> None:
+        record = {"payload": value.get("payload"), "state": value.get("state"),
+                  "attempts": int(value.get("attempts", 0)), "claim": value.get("claim")}
+        txn = self._q.transaction().guard(lock)
+        txn.kv.put(RUNS_NS, self._key("dead", run_id), record, ttl=self.retention)
+        txn.kv.delete(RUNS_NS, self._key("pending", run_id), expect=version, required=True)
+        if txn.commit():
+            log.warning("run %r of %r was dead-lettered after %d attempts", run_id, self.name,
+                        record["attempts"])
+
+    # ---- working ---------------------------------------------------------------------------
 
     def work(self, fn: Callable[[Claim], Any], *, holder: Optional[str] = None,
              ttl: Duration, stop: Optional[threading.Event] = None,
@@ -418,7 +703,7 @@ class RunQueue:
         while not (stop is not None and stop.is_set()):
             claim = self.claim(holder=holder, ttl=ttl)
             if claim is None:
-                if stop is None and not self.list():
+                if stop is None and not self.list(limit=1):
                     break
                 if stop is None:
                     time.sleep(poll)
@@ -445,16 +730,35 @@ class RunQueue:
         return f"<RunQueue {self.name!r} on {self._q.url}>"
 
 
-def _claims(records: list[dict[str, Any]], permits: list[dict[str, Any]]) -> dict[str, ClaimInfo]:
-    """Each run's claim: the live permit if any, else the last record, marked expired."""
-    out: dict[str, ClaimInfo] = {}
-    for row in records:
-        value = row["value"]
-        out[row["key"]] = ClaimInfo(value["holder"], int(value["fence"]),
-                                    _utc(value.get("expiresAt")), expired=True)
+def _from_anywhere(rows: List[T]) -> List[T]:
+    """``rows`` rotated to start at a random one: workers that lost a race on one page then
+    mostly try different runs next, instead of all racing for its next free run."""
+    if len(rows) < 2:
+        return rows
+    start = random.randrange(len(rows))
+    return rows[start:] + rows[:start]
+
+
+def _under(prefix: str, run_id: Optional[str]) -> Optional[str]:
+    return None if run_id is None else prefix + run_id
+
+
+def _live_claims(lock_prefix: str, permits: List[dict[str, Any]]) -> Dict[str, ClaimInfo]:
+    """The live claim of each run whose permit is among ``permits`` (a key is name#slot)."""
+    out: Dict[str, ClaimInfo] = {}
     for row in permits:
-        run_id = row["key"].rsplit("#", 1)[0]  # a permit key is <lock name>#<slot>
+        run_id = row["key"][len(lock_prefix):].rsplit("#", 1)[0]
         owner = str((row.get("value") or {}).get("owner", ""))
         out[run_id] = ClaimInfo(owner.rsplit("/", 1)[0], int(row["version"]),
                                 _utc(row.get("expiresAt")), expired=False)
     return out
+
+
+def _completion(run_id: str, value: dict[str, Any]) -> Completion:
+    return Completion(run_id, value["result"], value["holder"], int(value["fence"]),
+                      int(value.get("attempts", 1)))
+
+
+def _dead_letter(run_id: str, value: dict[str, Any]) -> DeadLetter:
+    return DeadLetter(run_id, value.get("payload"), value.get("state"),
+                      int(value.get("attempts", 0)), _recorded_claim(value.get("claim")))

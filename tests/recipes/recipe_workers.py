@@ -224,7 +224,7 @@ def queue_worker(args: dict[str, Any]) -> None:
         report("claimed", run=claim.run_id, fence=claim.fence)
         claim.checkpoint({"step": 1, "by": args["me"]})
         if seen[0] == args.get("hang_on"):
-            report("hanging", run=claim.run_id, fence=claim.fence)
+            report("hanging", run=claim.run_id, fence=claim.fence, attempt=claim.attempt)
             time.sleep(600)
         time.sleep(args["delay"])
         claim.complete({"by": args["me"]})
@@ -241,11 +241,12 @@ def stale_claimer(args: dict[str, Any]) -> None:
 
     report = _Reporter(args["events"], args["me"])
     q = qs.Queen(args["url"])
-    claim = RunQueue(q, args["queue"]).claim(holder=args["me"], ttl=args["ttl"])
+    runs = RunQueue(q, args["queue"], max_attempts=args.get("max_attempts"))
+    claim = runs.claim(holder=args["me"], ttl=args["ttl"])
     if claim is None:
         report("nothing")
         return
-    report("claimed", run=claim.run_id, fence=claim.fence)
+    report("claimed", run=claim.run_id, fence=claim.fence, attempt=claim.attempt)
     go = Path(args["go"])
     while not go.exists():
         time.sleep(0.01)
