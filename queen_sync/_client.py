@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
-from typing import Any, Callable, Mapping, Optional, Sequence, Union, overload
+import time
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Iterator,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+    overload,
+)
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._durations import Duration, lifetime, wire_seconds
@@ -107,6 +119,9 @@ class Queen:
         self._clock: Clock = clock or SYSTEM_CLOCK
         self._threaded = renew_thread
         self._closed = False
+        self._closing = False  # set first by close(): from then on nothing new is acquired
+        self._acquires = 0  # acquires in flight, which close() waits for
+        self._acquires_done = threading.Condition(threading.Lock())
         self.metrics = Metrics()
         self._caller = _HandleCaller(self)
         self.renewer = Renewer(self._caller)
@@ -173,7 +188,7 @@ class Queen:
     def _handle(self, name: str, limit: int, ttl: Optional[Duration], ttl_seconds: Optional[int],
                 owner: Optional[str], auto_renew: bool, renew_every: Optional[Duration],
                 wait: Optional[Duration]) -> Lock:
-        self._check_open()
+        self._check_accepting()
         return Lock(self._caller, name, ttl=lifetime(ttl, ttl_seconds), limit=limit, owner=owner,
                     auto_renew=auto_renew, renew_every=renew_every, wait=wait)
 
@@ -232,7 +247,26 @@ class Queen:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise QueenError(f"this Queen client ({self.url}) is closed")
+            raise self._closed_error()
+
+    def _check_accepting(self) -> None:
+        if self._closing:
+            raise self._closed_error()
+
+    def _closed_error(self) -> QueenError:
+        return QueenError(f"this Queen client ({self.url}) is closed")
+
+    @contextlib.contextmanager
+    def _acquiring(self) -> Iterator[None]:
+        with self._acquires_done:
+            self._check_accepting()
+            self._acquires += 1
+        try:
+            yield
+        finally:
+            with self._acquires_done:
+                self._acquires -= 1
+                self._acquires_done.notify_all()
 
     # ---- loss handlers, off the renewer thread -------------------------------------------
 
@@ -263,12 +297,20 @@ class Queen:
 
     def close(self, timeout: float = EXIT_BUDGET) -> None:
         """Release every lease this client's handles hold (bounded time), then close the engine."""
-        if self._closed:
-            return
+        started = time.monotonic()
+        with self._acquires_done:
+            if self._closing:
+                return
+            self._closing = True  # first: an acquire from now on is refused, none is missed
+            # An acquire in flight may be granted: wait for it to register, to release it too.
+            if not self._acquires_done.wait_for(lambda: self._acquires == 0, timeout):
+                log.warning("closing with %d acquire(s) still in flight; what they take "
+                            "expires by itself", self._acquires)
         held = self.renewer.held()
         self.renewer.stop()
         if held:
-            _bounded(lambda: self._release_all(held), timeout)
+            _bounded(lambda: self._release_all(held),
+                     max(0.0, timeout - (time.monotonic() - started)))
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
@@ -283,6 +325,8 @@ class Queen:
                             lock.name, exc_info=True)
 
     def _after_fork_in_child(self) -> None:
+        self._acquires = 0  # the parent's threads in flight are not in this process
+        self._acquires_done = threading.Condition(threading.Lock())
         self.renewer.after_fork()
         self._dispatch_queue = queue.SimpleQueue()
         self._dispatcher = None
@@ -330,6 +374,9 @@ class _HandleCaller:
     @property
     def engine(self) -> Engine:
         return self._client._engine
+
+    def acquiring(self) -> ContextManager[None]:
+        return self._client._acquiring()
 
     def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
         return self._client._call_locks(ops)

@@ -72,6 +72,18 @@ class Engine(abc.ABC):
         """A waiter woken when a permit of ``name`` is freed; plain sleeping by default."""
         yield _Sleeper()
 
+    def fence(self, conn: Any, *, name: str, slot: int, token: int) -> None:
+        """Inside ``conn``'s open transaction, hold the permit at ``token`` until it commits.
+
+        Only engines with the ``user_table_fencing`` capability offer it.
+
+        Raises:
+            UnsupportedOperationError: this engine cannot fence writes to the user's tables.
+        """
+        raise UnsupportedOperationError(
+            f"{self.kind} cannot fence writes to your own tables; use "
+            "transaction().guard(lock) or lock.token", capability="user_table_fencing")
+
     def after_fork(self) -> None:  # noqa: B027 - a no-op suits an engine that owns nothing
         """Drop what the parent process owns (connections, sockets) in a forked child."""
 

@@ -7,7 +7,7 @@ a test can hand them any object that keeps these promises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 if TYPE_CHECKING:
     from .._clock import Clock
@@ -46,6 +46,13 @@ class Caller(Protocol):
     @property
     def engine(self) -> Engine:
         """For what only the engine knows: capabilities, wake-ups on release, fencing."""
+
+    def acquiring(self) -> ContextManager[None]:
+        """Count an acquire in flight until it has landed (and its lease is registered).
+
+        Raises the "closed" ``QueenError`` once the client is closing, so that ``close()``
+        can wait for the acquires in flight and then release everything they took.
+        """
 
     def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]: ...
 

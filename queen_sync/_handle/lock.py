@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import random
 import threading
 import time
@@ -19,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from typing_extensions import ParamSpec
 
 from .._durations import Duration, parse_duration, wire_seconds
-from .._errors import LockLostError, LockNotHeldError, UnsupportedOperationError
+from .._errors import LockError, LockLostError, LockNotHeldError, UnsupportedOperationError
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
 from .._results import Holder, RunResult, holders_from_wire
+from .interrupts import interrupts_held
 
 if TYPE_CHECKING:
     from .caller import Caller
@@ -36,11 +38,14 @@ _current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
 )
 
 _MAX_BACKOFF = 1.0
+_OWNER_CHECK = 0.1  # seconds between looks at whether the thread inside a block still lives
 
 
 def current_lock() -> Optional[Lock]:
     """The lock whose ``run`` or ``with`` block is running in this context, if any."""
-    return _current.get()
+    lock = _current.get()
+    # A block exited in another thread (a generator closed there) cannot reset this context.
+    return lock if lock is not None and lock.in_block else None
 
 
 def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:
@@ -98,6 +103,8 @@ class Lock:
         self.name = check_name(name)
         self.limit = check_int(limit, "limit", low=1, high=MAX_LIMIT)
         self.owner = check_owner(owner) if owner is not None else mint_owner()
+        self._explicit_owner = owner is not None
+        self._pid = os.getpid()  # the process this handle's state and owner belong to
         if not isinstance(auto_renew, bool):
             raise TypeError("auto_renew must be True or False")
         self.ttl = ttl
@@ -125,7 +132,7 @@ class Lock:
         self._holders: tuple[Holder, ...] = ()
         # Blocks nest in one thread at a time (the owner), so these belong to that thread.
         self._gate = threading.Condition(threading.Lock())
-        self._owner_thread: Optional[int] = None
+        self._owner_thread: Optional[threading.Thread] = None
         self._contexts: list[contextvars.Token[Optional[Lock]]] = []
         self._blocks = 0  # with/run blocks using this handle now (never superseded then)
         self._taken_in: Optional[int] = None  # thread that acquired it
@@ -215,6 +222,7 @@ class Lock:
             True when this handle holds a permit, False when the wait ran out.
         """
         budget = self._default_wait if wait is None else wait_seconds(wait)
+        self._check_process()
         if self.held:
             return True
         supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
@@ -243,6 +251,11 @@ class Lock:
         return max(0.001, min(ends) / 1000 - time.time() + 0.002)
 
     def _attempt(self, started: float) -> bool:
+        # Counted as in flight, so that a client closing meanwhile waits for it to land.
+        with self._client.acquiring():
+            return self._attempt_in_flight(started)
+
+    def _attempt_in_flight(self, started: float) -> bool:
         op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(self.ttl), owner=self.owner,
                              limit=self.limit if self.limit > 1 else None)
         for _ in range(3):
@@ -250,13 +263,13 @@ class Lock:
                 sent_at = self._client.clock.monotonic()
                 try:
                     answer = self._client.call_locks([op])[0]
+                    if answer.get("acquired"):
+                        self._took(answer, sent_at, started)
+                        return True
                 except BaseException as exc:
                     if not isinstance(exc, Exception):
                         self._abandon()  # interrupted mid-call: the engine may have granted it
                     raise
-                if answer.get("acquired"):
-                    self._took(answer, sent_at, started)
-                    return True
             self._holders = holders_from_wire(answer.get("holders"))
             if answer.get("reason") != "contended":
                 break
@@ -284,6 +297,11 @@ class Lock:
 
     def _abandon(self) -> None:
         """Give back whatever the engine granted this owner while the caller was interrupted."""
+        with self._state:
+            token, self._token = self._token, None
+        if token is not None:
+            self._client.renewer.unregister(self)
+            self._client.metrics.held(-1)
         try:
             self._release_mine()
         except Exception:
@@ -373,7 +391,13 @@ class Lock:
             True when the engine gave it back; False when it was no longer held:
             never taken, lost, or (over HTTP) given back by a first attempt whose
             answer was lost before the resent one arrived.
+
+        Raises:
+            EngineError: the engine could not be reached. The lease is then no longer
+                renewed and expires by itself within its TTL; calling ``release()`` again
+                retries with the token kept until then.
         """
+        self._adopt_process()
         with self._io:
             self._client.renewer.unregister(self)
             token, slot = self._token, self._slot
@@ -383,9 +407,13 @@ class Lock:
             try:
                 released = self._give_back(token, slot)
             except Exception:
-                # Not given back: keep holding (and renewing) so a retry can release it.
+                # Not given back. Often nobody retries (a block's exit), so it is no longer
+                # renewed and expires within its TTL; the token stays for an explicit retry.
                 self._token = token
-                self._client.renewer.register(self)
+                raise
+            except BaseException:
+                self._client.metrics.held(-1)
+                self._abandon()  # interrupted mid-call: the engine may still have it
                 raise
         self._client.metrics.held(-1)
         self._client.metrics.count("released")
@@ -452,8 +480,7 @@ class Lock:
                 "transaction().guard(lock) or lock.token", capability="user_table_fencing")
         self.check()
         assert self._slot is not None and self._token is not None
-        engine.fence(conn, name=self.name, slot=self._slot,  # type: ignore[attr-defined]
-                     token=self._token)
+        engine.fence(conn, name=self.name, slot=self._slot, token=self._token)
 
     def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> RunResult[T]:
         """Acquire (with the handle's ``wait``), call ``fn``, release whatever happens.
@@ -482,10 +509,12 @@ class Lock:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._owner_thread == threading.get_ident():
-            self._exit_block()
-        else:
-            self.release()  # an exit with no block of this thread: the caller's explicit intent
+        with interrupts_held():
+            if self._blocks > 0 and self._pid == os.getpid():
+                # From any thread: a generator suspended in the block may be closed elsewhere.
+                self._exit_block()
+            else:
+                self.release()  # an exit with no block open: the caller's explicit intent
 
     def _enter_block(self) -> str:
         """Enter a with/run block: re-entrant in the owning thread, others wait their turn.
@@ -494,36 +523,85 @@ class Lock:
             ``"in"``; ``"thread"`` when another thread kept it past the wait; ``"busy"``
             when the permit could not be taken.
         """
+        self._adopt_process()
         started = time.monotonic()
-        me = threading.get_ident()
-        with self._gate:
-            nested = self._owner_thread == me
-            if not nested and not self._gate.wait_for(
-                    lambda: self._owner_thread is None, self._default_wait):
-                self._holders = ()
-                return "thread"
-            self._owner_thread = me
-            self._blocks += 1
+        steps: list[Any] = []  # what this entry has done, so that an unwind at any point is exact
         try:
+            turn = self._take_turn(steps)
+            if turn == "thread":
+                return turn
+            if turn == "abandoned":
+                self.release()  # the dead thread's lease: a fresh one fences its work out
             left = max(0.0, self._default_wait - (time.monotonic() - started))
             took = self.acquire(wait=left)  # at once when held: a nested entry sends nothing
+            with interrupts_held():
+                if not took:
+                    steps.clear()
+                    self._leave(release=False)
+                    return "busy"
+                steps.append(_current.set(self))
+                self._contexts.append(steps[-1])
         except BaseException:
-            self._leave(release=False)
+            with interrupts_held():
+                self._unwind_entry(steps)
             raise
-        if not took:
-            self._leave(release=False)
-            return "busy"
-        self._contexts.append(_current.set(self))
         return "in"
 
+    def _take_turn(self, steps: list[Any]) -> str:
+        """Count this thread in, waiting (within ``wait``) while another thread is inside."""
+        me = threading.current_thread()
+        deadline = time.monotonic() + self._default_wait
+        with self._gate:
+            while True:
+                with interrupts_held():
+                    turn = self._claim(me)
+                    if turn != "wait":
+                        steps.append(True)
+                        return turn
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._holders = ()
+                    return "thread"
+                # Wake now and then: a thread that died inside a block never notifies.
+                self._gate.wait(min(left, _OWNER_CHECK))
+
+    def _claim(self, me: threading.Thread) -> str:
+        """Under the gate: ``"in"``, ``"abandoned"`` (a dead thread's blocks), or ``"wait"``."""
+        owner = self._owner_thread
+        if owner is not None and owner is not me and owner.is_alive():
+            return "wait"
+        abandoned = owner is not None and owner is not me
+        if abandoned:  # its blocks will never exit
+            self._blocks = 0
+            self._contexts.clear()
+        self._owner_thread = me
+        self._blocks += 1
+        return "abandoned" if abandoned else "in"
+
+    def _unwind_entry(self, steps: list[Any]) -> None:
+        """Undo the ``steps`` of an entry cut short (an error, or Ctrl-C anywhere in it)."""
+        if len(steps) > 1:
+            if self._contexts and self._contexts[-1] is steps[1]:
+                self._contexts.pop()
+            _reset_current(steps[1])
+        if not steps:
+            return
+        try:
+            self._leave(release=True)  # an outermost entry gives back what it took
+        except Exception:
+            log.warning("could not give back lock %r after a failed entry; it expires by "
+                        "itself", self.name, exc_info=True)
+
     def _exit_block(self) -> None:
-        _reset_current(self._contexts.pop())
-        self._leave(release=True)
+        with interrupts_held():
+            if self._contexts:
+                _reset_current(self._contexts.pop())
+            self._leave(release=True)
 
     def _leave(self, *, release: bool) -> None:
         """Count one block out; the outermost exit releases and lets the next thread in."""
         with self._gate:
-            self._blocks -= 1
+            self._blocks = max(0, self._blocks - 1)
             outermost = self._blocks == 0
         if not outermost:
             return
@@ -535,9 +613,31 @@ class Lock:
                 self._owner_thread = None
                 self._gate.notify()
 
+    # ---- processes ---------------------------------------------------------------------
+
+    def _adopt_process(self) -> None:
+        """In a process forked from the one this handle was used in, start afresh."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+
+    def _check_process(self) -> None:
+        self._adopt_process()
+        if self._pid != os.getpid():  # only a handle given its owner= stays the parent's
+            raise LockError(
+                f"lock {self.name!r}: this handle was given owner={self.owner!r} in process "
+                f"{self._pid}, and this process was forked from it; one owner is one holder, "
+                "so the child would share the parent's permit. Make the child its own handle.",
+                name=self.name)
+
     def forget_after_fork(self) -> None:
-        """In a forked child: hold nothing (the parent still does)."""
+        """In a forked child: hold nothing (the parent still does), as another holder.
+
+        A minted owner is minted again for this process; an owner given as ``owner=``
+        stays, and the handle then refuses to acquire here (see ``_check_process``).
+        """
         self._reset_state()
+        if not self._explicit_owner:
+            self.owner, self._pid = mint_owner(), os.getpid()
 
     def __repr__(self) -> str:
         if self.held:

@@ -167,11 +167,12 @@ def fork_while_holding(url: str, results: Any) -> None:
     token_before = lock.token
     calls_before = q.renewer.calls
     parent_thread = q.renewer.thread
+    parent_owner = lock.owner
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
         os.close(read_end)
-        report = _child_after_fork(q, lock, parent_thread)
+        report = _child_after_fork(q, lock, parent_thread, parent_owner)
         with os.fdopen(write_end, "w") as pipe:
             pipe.write(json.dumps(report))
         os._exit(0)
@@ -190,7 +191,8 @@ def fork_while_holding(url: str, results: Any) -> None:
     q.close()
 
 
-def _child_after_fork(q: qs.Queen, lock: qs.Lock, parent_thread: Any) -> dict[str, Any]:
+def _child_after_fork(q: qs.Queen, lock: qs.Lock, parent_thread: Any,
+                      parent_owner: str) -> dict[str, Any]:
     report: dict[str, Any] = {"held": lock.held, "token": lock.token,
                               "renewer_tracks": len(q.renewer.held())}
     own = q.lock("child-own", ttl=1.5)
@@ -204,7 +206,8 @@ def _child_after_fork(q: qs.Queen, lock: qs.Lock, parent_thread: Any) -> dict[st
     report["renewer_is_parents"] = thread is parent_thread
     holders = q.locks.get("forked")["holders"]
     report["forked_engine_owner"] = holders[0]["owner"] if holders else None
-    report["parent_owner"] = lock.owner
+    report["parent_owner"] = parent_owner
+    report["child_owner"] = lock.owner  # the inherited handle is another holder here
     q.close()  # releases the child's own lock only
     report["forked_still_held_after_child_close"] = _forked_held(q.url)
     return report

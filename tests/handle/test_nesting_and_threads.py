@@ -203,3 +203,72 @@ class TestThreads:
                 order.append("owner")
             thread.join(5)
             assert order == ["owner", "other"], order
+
+
+class TestBlocksOutlivingTheirThread:
+    def test_a_block_suspended_in_a_generator_and_closed_in_another_thread_is_counted_out(
+        self, mq: qs.Queen
+    ) -> None:
+        lock = mq.lock("gen", ttl=30)
+
+        def rows() -> Any:
+            with lock:
+                yield from range(10)
+
+        items = rows()
+        assert next(items) == 0
+        closer = threading.Thread(target=items.close)
+        closer.start()
+        closer.join(5)
+        assert not lock.in_block, "the block closed in another thread is still counted"
+        assert qs.current_lock() is None, "this thread still sees the ended block as current"
+        assert not held_on_engine(mq, "gen"), "the outermost exit must release"
+        entered: list[bool] = []
+        other = threading.Thread(target=lambda: entered.append(lock.run(lambda: True).acquired))
+        other.start()
+        other.join(5)
+        assert entered == [True], "another thread is refused by a block that has ended"
+        with lock:
+            pass
+        assert not held_on_engine(mq, "gen"), "a later block counted as nested, never released"
+
+    def test_a_generator_dropped_in_another_thread_ends_its_block(self, mq: qs.Queen) -> None:
+        lock = mq.lock("gen", ttl=30)
+
+        def rows() -> Any:
+            with lock:
+                yield from range(10)
+
+        box = [rows()]
+        assert next(box[0]) == 0
+
+        def consume() -> None:
+            items = box.pop()
+            next(items)
+            del items  # the last reference goes here, in this thread
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        worker.join(5)
+        assert not lock.in_block and not held_on_engine(mq, "gen"), (
+            f"the dropped generator's block stayed open: {lock!r}")
+
+    def test_a_block_left_open_by_a_dead_thread_is_abandoned_when_another_enters(
+        self, mq: qs.Queen
+    ) -> None:
+        lock = mq.lock("dead", ttl=30)
+        tokens: list[Any] = []
+
+        def enter_and_die() -> None:
+            lock.__enter__()
+            tokens.append(lock.token)
+
+        thread = threading.Thread(target=enter_and_die)
+        thread.start()
+        thread.join(5)
+        assert lock.held, "setup: the dead thread's block took the lease"
+        with lock:
+            assert lock.held and lock.token != tokens[0], (
+                "the new block must hold a lease of its own, fencing the dead thread's out")
+        assert not lock.in_block and not held_on_engine(mq, "dead"), (
+            "the new block's exit must release: the dead thread's block is over")

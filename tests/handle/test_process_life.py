@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import queen_sync as qs
+from queen_sync.testing import LocalBroker
 
 
 def owners(q: qs.Queen, name: str) -> list[str]:
@@ -118,7 +119,7 @@ class TestReleaseDuringRenew:
 
 
 class TestReleaseFailure:
-    def test_a_release_that_could_not_reach_the_engine_keeps_the_lease_for_a_retry(
+    def test_a_release_that_could_not_reach_the_engine_stops_renewing_and_can_be_retried(
         self, sqlite_url: str
     ) -> None:
         with qs.Queen(sqlite_url) as q:
@@ -133,5 +134,105 @@ class TestReleaseFailure:
             with pytest.raises(qs.EngineUnavailableError):
                 lock.release()
             q._engine.call = real  # type: ignore[method-assign]
-            assert lock.held and lock in q.renewer.held(), "the lease must stay held and renewed"
+            assert lock not in q.renewer.held(), "a failed release must stop renewing"
+            assert lock.held, "the token is kept until its deadline, for an explicit retry"
             assert lock.release() and owners(q, "job") == [], "the retry must give it back"
+
+    @pytest.mark.realtime
+    def test_a_failed_exit_release_lets_the_lease_expire_by_itself(self) -> None:
+        with LocalBroker() as broker:
+            q, other = broker.client(), broker.client()
+            lock = q.lock("report", ttl=1)
+            with pytest.raises(qs.EngineError), lock:
+                broker.faults.fail_next(20, status=503, route="locks")
+            broker.faults.clear()
+            assert lock not in q.renewer.held(), "nobody retries an exit: it must stop renewing"
+            assert other.lock("report", ttl=1).acquire(wait=3), (
+                "the lease outlived its TTL: it is still renewed after the failed exit")
+            q.close()
+            other.close()
+
+
+def gate_acquires(q: qs.Queen) -> tuple[threading.Event, threading.Event]:
+    """Hold every acquire call after the engine granted it until ``release`` is set."""
+    real = q._engine.call
+    granted, release = threading.Event(), threading.Event()
+
+    def call(route: str, body: Any) -> Any:
+        answer = real(route, body)
+        if body.get("operations", [{}])[0].get("op") == "acquire":
+            granted.set()
+            release.wait(5)
+        return answer
+
+    q._engine.call = call  # type: ignore[method-assign]
+    return granted, release
+
+
+class TestCloseRace:
+    def test_close_releases_a_lease_whose_acquire_was_in_flight(self, sqlite_url: str) -> None:
+        q = qs.Queen(sqlite_url)
+        granted, release = gate_acquires(q)
+        lock = q.lock("job", ttl=60)
+        taking = threading.Thread(target=lambda: lock.acquire())
+        taking.start()
+        assert granted.wait(5), "setup: the acquire did not reach the engine"
+        closing = threading.Thread(target=q.close)
+        closing.start()
+        time.sleep(0.1)  # close has begun while the acquire is still in flight
+        release.set()
+        closing.join(5)
+        taking.join(5)
+        with qs.Queen(sqlite_url) as observer:
+            assert owners(observer, "job") == [], "close left an in-flight acquire's permit held"
+        assert not lock.held, f"the handle still believes it holds: {lock!r}"
+
+    def test_a_closing_client_refuses_new_acquires(self, sqlite_url: str) -> None:
+        q = qs.Queen(sqlite_url)
+        granted, release = gate_acquires(q)
+        first, second = q.lock("a", ttl=60), q.lock("b", ttl=60)
+        taking = threading.Thread(target=lambda: first.acquire())
+        taking.start()
+        assert granted.wait(5)
+        closing = threading.Thread(target=q.close)
+        closing.start()
+        time.sleep(0.1)
+        with pytest.raises(qs.QueenError, match="closed"):
+            second.acquire()
+        release.set()
+        closing.join(5)
+        taking.join(5)
+
+    @pytest.mark.realtime
+    def test_close_racing_blocks_in_other_threads_leaves_nothing_held(
+        self, sqlite_url: str
+    ) -> None:
+        probe = qs.Queen(sqlite_url)
+        leaks: list[str] = []
+        for run in range(8):
+            q = qs.Queen(sqlite_url)
+            names: list[str] = []
+            threads = [threading.Thread(target=enter_until_closed, args=(q, f"{run}-{k}", names))
+                       for k in range(4)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.01 + 0.03 * run / 8)
+            q.close()
+            for thread in threads:
+                thread.join(5)
+            leaks += [name for name in names if probe.locks.get(name)["held"]]
+        probe.close()
+        assert not leaks, f"permits held after close() returned: {leaks[:5]}"
+
+
+def enter_until_closed(q: qs.Queen, prefix: str, names: list[str]) -> None:
+    i = 0
+    while True:
+        try:
+            lock = q.lock(f"{prefix}-{i}", ttl=30)
+            names.append(lock.name)
+            i += 1
+            with lock:
+                time.sleep(0.001)
+        except qs.QueenError:
+            return

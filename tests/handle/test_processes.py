@@ -219,6 +219,7 @@ def test_a_forked_child_holds_nothing_and_locks_on_its_own_while_the_parent_keep
         f"the child's own lock was not kept renewed past its ttl: {child!r}")
     assert child["own_renewer_alive"] and not child["renewer_is_parents"], (
         "the child's lock is not renewed by a renewer thread of its own")
+    assert child["child_owner"] != child["parent_owner"], "the child kept the parent's owner"
     assert child["forked_engine_owner"] == child["parent_owner"], (
         "the engine no longer lists the parent as the holder while the child runs")
     assert child["forked_still_held_after_child_close"], (

@@ -1,0 +1,135 @@
+"""Ctrl-C at any moment of a block leaves no permit stranded and no handle stuck."""
+
+from __future__ import annotations
+
+import _thread
+import random
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+import queen_sync as qs
+from queen_sync.testing import LocalBroker
+
+
+@pytest.fixture
+def q(sqlite_url: str) -> Iterator[qs.Queen]:
+    client = qs.Queen(sqlite_url, renew_thread=False)
+    yield client
+    client.close()
+
+
+def mine_on_engine(q: qs.Queen, lock: qs.Lock) -> list[Any]:
+    return [h for h in q.locks.get(lock.name)["holders"] if h["owner"] == lock.owner]
+
+
+def interrupt_once(q: qs.Queen, op: str, *, after: bool) -> list[bool]:
+    """Raise KeyboardInterrupt at the first ``op`` call, before or ``after`` the engine ran it."""
+    real = q._engine.call
+    fired: list[bool] = []
+
+    def call(route: str, body: Any) -> Any:
+        first = body.get("operations", [{}])[0].get("op") == op and not fired
+        if first and not after:
+            fired.append(True)
+            raise KeyboardInterrupt
+        answer = real(route, body)
+        if first:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return answer
+
+    q._engine.call = call  # type: ignore[method-assign]
+    return fired
+
+
+def assert_clean(q: qs.Queen, lock: qs.Lock) -> None:
+    assert not lock.in_block, f"the handle is stuck in a block: {lock!r}"
+    assert not lock.held and lock not in q.renewer.held(), f"a lease is kept: {lock!r}"
+    assert mine_on_engine(q, lock) == [], "a permit of this handle is stranded on the engine"
+
+
+class TestInterruptedExit:
+    @pytest.mark.parametrize("after", [False, True], ids=["before-sent", "after-applied"])
+    def test_an_interrupt_during_the_exit_release_strands_no_permit(
+        self, q: qs.Queen, after: bool
+    ) -> None:
+        lock = q.lock("job", ttl=60)
+        with pytest.raises(KeyboardInterrupt), lock:
+            fired = interrupt_once(q, "release", after=after)
+        assert fired, "setup: the release was not interrupted"
+        assert_clean(q, lock)
+        assert lock.acquire(), "the handle must be usable again"
+
+
+class TestInterruptedEntry:
+    def test_an_interrupt_just_after_the_acquire_keeps_no_lease(self, q: qs.Queen) -> None:
+        lock = q.lock("job", ttl=60)
+        real = q.renewer.register
+
+        def register_then_interrupt(handle: qs.Lock) -> None:
+            real(handle)
+            raise KeyboardInterrupt  # Ctrl-C lands once the lease is taken and tracked
+
+        q.renewer.register = register_then_interrupt  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt), lock:
+            pytest.fail("the block must not run")
+        q.renewer.register = real  # type: ignore[method-assign]
+        assert_clean(q, lock)
+
+
+def interrupt_blocks(lock: qs.Lock, delay: float, nested: bool) -> bool:
+    """Loop ``with lock:`` until Ctrl-C arrives after ``delay``; True once it arrived."""
+    timer = threading.Timer(delay, _thread.interrupt_main)
+    try:
+        try:
+            timer.start()
+            until = time.monotonic() + 4 * delay + 0.05
+            while time.monotonic() < until:
+                with lock:
+                    if nested:
+                        with lock:
+                            pass
+        finally:
+            timer.join()  # a late interrupt lands here, still inside the try
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+class TestInterruptFuzz:
+    @pytest.mark.realtime
+    # An HTTP call cut short by Ctrl-C leaves its socket for the collector to close.
+    @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+    def test_interrupts_at_random_moments_leave_nothing_stranded_or_stuck(self) -> None:
+        rng = random.Random()
+        seed = rng.randrange(1 << 30)
+        rng.seed(seed)
+        problems: list[str] = []
+        with LocalBroker() as broker:
+            q = broker.client(renew_thread=False)
+            ends = time.monotonic() + 3.0
+            i = 0
+            while time.monotonic() < ends:
+                lock = q.lock(f"k{i}", ttl=60)
+                i += 1
+                nested = rng.random() < 0.5
+                if not interrupt_blocks(lock, rng.uniform(0.0, 0.02), nested):
+                    continue
+                problems += check(q, lock, f"round {i} nested={nested}")
+            q.close()
+        assert i > 20, f"too few rounds ran ({i})"
+        assert not problems, f"seed {seed}: {problems[:5]}"
+
+
+def check(q: qs.Queen, lock: qs.Lock, where: str) -> list[str]:
+    problems = []
+    if lock.in_block:
+        problems.append(f"{where}: stuck in a block")
+    if lock._token is not None:
+        problems.append(f"{where}: lease kept with no block open")
+    if mine_on_engine(q, lock):
+        problems.append(f"{where}: permit stranded on the engine")
+    return problems
