@@ -64,7 +64,10 @@ def replayed_pair(q: qs.Queen) -> Iterator[Callable[[], None]]:
     finally:
         psycopg.ClientCursor.execute = real_execute  # type: ignore[method-assign]
     sent = [(query, params) for query, params in sent if not str(query).startswith("PREPARE")]
-    conn, pool = storage._checkout()
+    from queen_sync._engines.postgres.storage import Call
+    from queen_sync._engines.storage import Footprint
+
+    conn, pool = storage.sessions.checkout(Call(Footprint(), storage.where, 60.0))
     try:
         cur = conn.cursor()
 
@@ -76,7 +79,7 @@ def replayed_pair(q: qs.Queen) -> Iterator[Callable[[], None]]:
 
         yield replay_pair
     finally:
-        storage._checkin(conn, pool)
+        storage.sessions.checkin(conn, pool)
 
 
 def bench_pairs(url: str, seconds: float) -> None:

@@ -32,6 +32,7 @@ from ._errors import RequestError
 
 LOCKS_NS = "queen-locks"
 MAX_LIMIT = 1024
+MAX_KEY_BYTES = 1024
 MAX_KEYS = 1000
 MAX_PREFIX_LIMIT = 1000
 DEFAULT_PREFIX_LIMIT = 100
@@ -103,7 +104,7 @@ def check_ns(ns: Any) -> str:
 
 
 def check_key(key: Any) -> str:
-    return _text(key, "key", max_bytes=1024, error=_kv_error)
+    return _text(key, "key", max_bytes=MAX_KEY_BYTES, error=_kv_error)
 
 
 def _nested_within(value: Any, levels: int) -> bool:
@@ -244,7 +245,7 @@ def _check_keys(keys: Any) -> None:
 
 def _check_prefix_op(op: Mapping[str, Any]) -> None:
     prefix = op.get("prefix")
-    _text(prefix, "prefix", max_bytes=1024, error=_kv_error)
+    _text(prefix, "prefix", max_bytes=MAX_KEY_BYTES, error=_kv_error)
     if "after" in op:
         check_key(op["after"])
     if "limit" in op:
@@ -254,6 +255,21 @@ def _check_prefix_op(op: Mapping[str, Any]) -> None:
 
 def permit_key(name: str, slot: int) -> str:
     return f"{name}#{slot}"
+
+
+_SLOT = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def split_permit_key(key: str) -> Optional[tuple[str, Optional[int]]]:
+    """The lock name and slot of a permit key ``name#slot``; ``None`` when it holds no ``#``.
+
+    Names never hold ``#``, so the last one splits. The slot is ``None`` when the tail is
+    not one ``permit_key`` writes (a key put there through the KV wire, say).
+    """
+    name, sep, tail = key.rpartition("#")
+    if not sep:
+        return None
+    return name, int(tail) if _SLOT.fullmatch(tail) else None
 
 
 def guard_op(name: str, slot: int, token: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Iterator, Mapping, Protocol
@@ -92,6 +93,28 @@ class Engine(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+
+def positive_seconds(value: Any, what: str = "timeout") -> float:
+    """``value`` as seconds: a finite number above zero, else a ``TypeError``/``ValueError``.
+
+    Infinity is refused: every engine call must stay bounded on the client side.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{what} must be positive and finite seconds, got {value!r}")
+    return float(value)
+
+
+def parse_timeout(timeout: Any, default: tuple[float, float]) -> tuple[float, float]:
+    """``(connect, call)`` seconds from None (``default``), seconds, or a pair of them."""
+    if timeout is None:
+        return default
+    pair = timeout if isinstance(timeout, (tuple, list)) else (timeout, timeout)
+    if len(pair) != 2:
+        raise TypeError(f"timeout must be seconds or a (connect, read) pair, got {timeout!r}")
+    return positive_seconds(pair[0]), positive_seconds(pair[1])
 
 
 _SECRET_PARAMS = frozenset({"password", "sslpassword", "token", "bearer_token"})

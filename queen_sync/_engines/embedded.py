@@ -2,18 +2,18 @@
 
 Each call (one ``locks``, ``kv`` or ``transaction`` body) is validated whole, then
 run as ONE storage transaction with the engine's clock read once, so expiry is
-judged at a single instant. Tokens are the store-wide version counter, which
-nothing clears: a token exceeds every token issued before it, whatever was
-released, expired or deleted in between.
+judged at a single instant. The storage is told what the body touches (its
+``Footprint``, read off the validated ops), and which lock names a step freed.
+Tokens are the store-wide version counter, which nothing clears: a token exceeds
+every token issued before it, whatever was released, expired or deleted in between.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence
 
-from .._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
+from .._errors import RequestError, UnsupportedOperationError
 from .._ops import (
     DEFAULT_PREFIX_LIMIT,
     LOCKS_NS,
@@ -23,12 +23,9 @@ from .._ops import (
     guard_op,
     mint_owner,
     permit_key,
+    split_permit_key,
 )
-from .storage import Row, Storage, StorageConflict, StorageTxn
-
-log = logging.getLogger("queen_sync")
-
-_CONFLICT_RETRIES = 5
+from .storage import Footprint, Row, Storage, StorageTxn
 
 
 class _Rollback(Exception):
@@ -40,16 +37,14 @@ class _Rollback(Exception):
 
 
 class _Step:
-    """One storage transaction: the clock read once, and the lock names it freed."""
+    """One storage transaction, with the clock read once: expiry is judged at one instant."""
 
     def __init__(self, txn: StorageTxn) -> None:
         self.txn = txn
         self.now = txn.now_ms()
-        self.freed: set[str] = set()
 
     def live(self, ns: str, key: str) -> Optional[Row]:
-        row = self.txn.read(ns, key)
-        return row if row is not None and row.live_at(self.now) else None
+        return self.txn.read(ns, key, now_ms=self.now)
 
     def expires_at(self, op: Mapping[str, Any]) -> Optional[int]:
         return None if op.get("forever") else self.now + int(op["ttlSeconds"]) * 1000
@@ -58,9 +53,12 @@ class _Step:
         self.txn.write(row)
 
     def delete(self, ns: str, key: str) -> None:
+        # The one rule for waking waiters: deleting a permit row frees its lock name,
+        # whether a release or a key/value delete on the permits namespace did it.
         self.txn.delete(ns, key)
-        if ns == LOCKS_NS and "#" in key:
-            self.freed.add(key.rsplit("#", 1)[0])
+        permit = split_permit_key(key) if ns == LOCKS_NS else None
+        if permit is not None:
+            self.txn.freed(permit[0])
 
 
 class EmbeddedSemantics:
@@ -76,31 +74,49 @@ class EmbeddedSemantics:
             ops = _operations(body, route)
             for op in ops:
                 check_lock_op(op)
-            return {"results": self._run(lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
+            return {"results": self._run(lock_footprint(ops),
+                                         lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
         if route == "kv":
             ops = _operations(body, route)
             for op in ops:
                 check_kv_op(op)
-            return {"results": self._run(lambda step: _kv_results(step, ops))}
+            return {"results": self._run(kv_footprint(ops), lambda step: _kv_results(step, ops))}
         if route == "transaction":
             kv_ops = _transaction_ops(body)
-            return dict(self._run(lambda step: _transaction(step, kv_ops)))
+            return dict(self._run(kv_footprint(kv_ops), lambda step: _transaction(step, kv_ops)))
         raise RequestError(f"unknown route {route!r}", code="bad_request")
 
-    def _run(self, work: Callable[[_Step], Any]) -> Any:
-        for _attempt in range(_CONFLICT_RETRIES):
-            try:
-                with self.storage.transaction() as txn:
-                    step = _Step(txn)
-                    answer = work(step)
-            except _Rollback as rollback:
-                return rollback.answer
-            except StorageConflict:
-                continue
-            if step.freed:
-                self.storage.notify_released(sorted(step.freed))
-            return answer
-        raise EngineUnavailableError("the store stayed contended; try again")
+    def _run(self, footprint: Footprint, work: Callable[[_Step], Any]) -> Any:
+        try:
+            return self.storage.transaction(footprint, lambda txn: work(_Step(txn)))
+        except _Rollback as rollback:
+            return rollback.answer
+
+
+_MINTING_LOCK_OPS = frozenset({"acquire", "renew"})
+_MINTING_KV_OPS = frozenset({"put", "putIfAbsent", "incr"})
+_KEYED_KV_OPS = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
+
+
+def lock_footprint(ops: Sequence[Mapping[str, Any]]) -> Footprint:
+    """What a validated locks body touches: the permits of the names it names."""
+    return Footprint(
+        names=frozenset(op["name"] for op in ops),
+        mints=sum(op["op"] in _MINTING_LOCK_OPS for op in ops),
+        only_releases=bool(ops) and all(op["op"] == "release" for op in ops),
+        operations=len(ops))
+
+
+def kv_footprint(ops: Sequence[Mapping[str, Any]]) -> Footprint:
+    """What validated key/value ops (a ``/kv`` batch, a transaction's ``kv``) touch."""
+    keys: set[tuple[str, str]] = set()
+    for op in ops:
+        if op["op"] in _KEYED_KV_OPS:
+            keys.add((op["ns"], op["key"]))
+        elif op["op"] == "getMany":
+            keys.update((op["ns"], key) for key in op["keys"])
+    return Footprint(keys=frozenset(keys), mints=sum(op["op"] in _MINTING_KV_OPS for op in ops),
+                     operations=len(ops))
 
 
 def _operations(body: Mapping[str, Any], route: str) -> Sequence[Any]:
@@ -129,8 +145,8 @@ def _transaction_ops(body: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
 
 
 def _slot_of(row: Row) -> Optional[int]:
-    tail = row.key.rsplit("#", 1)[1]
-    return int(tail) if tail.isdigit() else None
+    permit = split_permit_key(row.key)
+    return permit[1] if permit is not None else None
 
 
 def _owner_of(row: Row) -> Optional[str]:

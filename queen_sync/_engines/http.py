@@ -48,7 +48,7 @@ from urllib3.util import Timeout as SocketTimeouts
 
 from .._errors import QueenError, QueenHttpError, RequestError
 from .._ops import KV_READ_OPS, check_kv_op, check_lock_op
-from .base import Capabilities, Engine
+from .base import Capabilities, Engine, parse_timeout, positive_seconds
 from .http_errors import http_error, never_sent, read_answer, transport_error
 
 log = logging.getLogger("queen_sync")
@@ -109,30 +109,10 @@ def _base(url: str) -> str:
     return f"{parts.scheme.lower()}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
-def parse_timeout(timeout: Any) -> tuple[float, float]:
-    """``(connect, read)`` seconds from None (the default), a number or a pair."""
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    pair = timeout if isinstance(timeout, (tuple, list)) else (timeout, timeout)
-    if len(pair) != 2:
-        raise TypeError("timeout must be seconds or a (connect, read) pair")
-    for value in pair:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"timeout must be seconds or a (connect, read) pair, got {timeout!r}")
-        if not value > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
-    return float(pair[0]), float(pair[1])
-
-
 def parse_call_timeout(call_timeout: Any, timeout: tuple[float, float]) -> float:
     """The budget of one whole call: ``call_timeout`` seconds, else the larger socket timeout."""
-    if call_timeout is None:
-        return max(timeout)
-    if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
-        raise TypeError(f"call_timeout must be seconds, got {call_timeout!r}")
-    if not 0 < call_timeout < float("inf"):
-        raise ValueError(f"call_timeout must be positive seconds, got {call_timeout!r}")
-    return float(call_timeout)
+    return max(timeout) if call_timeout is None else positive_seconds(call_timeout,
+                                                                      "call_timeout")
 
 
 def _check_header(name: Any, value: Any) -> None:
@@ -210,7 +190,7 @@ class HttpEngine(Engine):
             raise RequestError("no broker URL given", code="bad_url")
         self._token = _check_token(bearer_token if bearer_token is not None
                                    else os.environ.get("QUEEN_TOKEN"))
-        self._timeout = parse_timeout(timeout)
+        self._timeout = parse_timeout(timeout, DEFAULT_TIMEOUT)
         self._call_timeout = parse_call_timeout(call_timeout, self._timeout)
         self._headers = dict(headers or {})
         for name, value in self._headers.items():

@@ -41,7 +41,7 @@ from .base import Capabilities, Engine, Waiter
 from .embedded import EmbeddedSemantics
 from .sqlite_files import SideFiles, changed_side_file, refuse_unsafe_store, side_files
 from .sqlite_wake import WakeChannel
-from .storage import Row
+from .storage import Footprint, Row, StorageTxn
 
 log = logging.getLogger("queen_sync")
 
@@ -95,13 +95,15 @@ class _SqliteTxn:
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
         self._conn = conn
         self._clock = clock
+        self.freed_names: set[str] = set()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def read(self, ns: str, key: str) -> Optional[Row]:
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
         record = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key = ?", (ns, key)
+            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key = ?"
+            " AND (expires_at IS NULL OR expires_at > ?)", (ns, key, now_ms)
         ).fetchone()
         return _row(record) if record else None
 
@@ -125,6 +127,9 @@ class _SqliteTxn:
 
     def delete(self, ns: str, key: str) -> None:
         self._conn.execute("DELETE FROM queen_kv WHERE ns = ? AND key = ?", (ns, key))
+
+    def freed(self, name: str) -> None:
+        self.freed_names.add(name)
 
     def next_version(self) -> int:
         self._conn.execute("UPDATE queen_meta SET value = value + 1 WHERE name = 'version'")
@@ -247,8 +252,18 @@ class SqliteStorage:
         changed = changed_side_file(self._sides)
         return None if changed is None else f"{changed} (of SQLite database {self.path})"
 
+    def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
+        """Run ``work`` in one transaction; the file lock covers everything, so the footprint
+        is not needed."""
+        with self.atomic() as txn:
+            answer = work(txn)
+        if txn.freed_names and self.wake is not None:
+            self.wake.notify(sorted(txn.freed_names))
+        return answer
+
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[_SqliteTxn]:
+    def atomic(self) -> Iterator[_SqliteTxn]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back."""
         with self._mutex, _translated(self.path):
             if self._conn is None:
                 self._conn = self._connect()
@@ -267,10 +282,6 @@ class SqliteStorage:
             except BaseException:
                 _rollback(conn)
                 raise
-
-    def notify_released(self, names: Sequence[str]) -> None:
-        if self.wake is not None:
-            self.wake.notify(names)
 
     def after_fork(self) -> None:
         # The parent closed every connection before forking, so there is nothing to close

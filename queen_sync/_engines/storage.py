@@ -1,16 +1,24 @@
 """The storage interface the embedded engines share.
 
-The lock and key/value semantics (``_semantics``) are written once over this
+The lock and key/value semantics (``embedded``) are written once over this
 small interface; SQLite and PostgreSQL each provide it. A storage transaction is
 one atomic step: everything read and written inside ``Storage.transaction()``
 commits together or not at all, and no other writer interleaves (SQLite's
-``BEGIN IMMEDIATE``; PostgreSQL row locks plus a serialising advisory lock).
+``BEGIN IMMEDIATE``; PostgreSQL row locks plus advisory locks on what the body touches).
+
+The semantics validate a body before it runs, so they say what it touches (its
+``Footprint``): PostgreSQL locks and prefetches exactly that, SQLite, whose file lock
+covers everything, ignores it. Expiry has one contract: ``read`` and ``read_prefix``
+both answer live rows only, judged at the ``now_ms`` the semantics pass, which is the
+one instant the whole step is judged at.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ContextManager, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,29 +43,50 @@ class Row:
         return self.expires_at is None or self.expires_at > now_ms
 
 
-class StorageConflict(Exception):
-    """Raised by a storage write that lost a race it cannot wait out (answered as ``contended``)."""
+@dataclass(frozen=True)
+class Footprint:
+    """What one body touches, read off its validated operations before it runs.
+
+    Attributes:
+        names: the lock names whose permits its lock operations read or write.
+        keys: the ``(namespace, key)`` pairs its key/value operations name (a prefix
+            scan names none: it is reached while the body runs).
+        mints: at most how many new versions it draws (acquires, renews, writes).
+        only_releases: it is a locks body of releases alone, so losing its commit in a
+            crash would only let the leases run out.
+        operations: how many operations it holds (named in errors its size may cause).
+    """
+
+    names: frozenset[str] = frozenset()
+    keys: frozenset[tuple[str, str]] = frozenset()
+    mints: int = 0
+    only_releases: bool = False
+    operations: int = 0
 
 
 class StorageTxn(Protocol):
     """What the semantics may do inside one atomic step."""
 
     def now_ms(self) -> int:
-        """The engine's clock, read once per operation by the caller."""
+        """The engine's clock, read once per step by the semantics."""
 
-    def read(self, ns: str, key: str) -> Optional[Row]:
-        """The stored row, expired or not (the semantics judge expiry)."""
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        """The row at ``(ns, key)`` if it is live at ``now_ms``, else ``None``."""
 
     def read_prefix(
         self, ns: str, prefix: str, *, after: Optional[str], limit: int, now_ms: int
     ) -> Sequence[Row]:
-        """Live rows whose key starts with ``prefix`` (literally), after ``after``, in key order."""
+        """Rows live at ``now_ms`` whose key starts with ``prefix`` (literally), after ``after``,
+        in key order, at most ``limit`` of them."""
 
     def write(self, row: Row) -> None:
-        """Insert or replace the row at ``(row.ns, row.key)``."""
+        """Insert or replace the row at ``(row.ns, row.key)``, expired or not."""
 
     def delete(self, ns: str, key: str) -> None:
         """Remove the row if present."""
+
+    def freed(self, name: str) -> None:
+        """A permit of lock ``name`` is freed by this step: wake its waiters once it commits."""
 
     def next_version(self) -> int:
         """Advance the store-wide high-water mark and return it; it never rewinds."""
@@ -66,11 +95,13 @@ class StorageTxn(Protocol):
 class Storage(Protocol):
     """A store of rows, opened once per client."""
 
-    def transaction(self) -> ContextManager[StorageTxn]:
-        """One atomic step; an exception inside rolls everything back and propagates."""
+    def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], T]) -> T:
+        """Run ``work`` as one atomic step and return what it returns.
 
-    def notify_released(self, names: Sequence[str]) -> None:
-        """Wake waiters on these lock names (called after a commit that freed a permit)."""
+        An exception from ``work`` rolls everything back and propagates. The storage may
+        run ``work`` again from scratch on a new transaction (a lost race, a connection
+        lost before COMMIT), so ``work`` acts on the store through its ``StorageTxn`` only.
+        """
 
     def close(self) -> None:
         """Release the store's resources."""

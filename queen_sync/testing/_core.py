@@ -263,7 +263,7 @@ class BrokerCore:
 
     def expire(self, name: str, token: int) -> bool:
         """End the permit of ``name`` at ``token`` now, as if its lease had run out."""
-        with self._mutex, self.engine.storage.transaction() as txn:
+        with self._mutex, self.engine.storage.atomic() as txn:
             now = txn.now_ms()
             rows = txn.read_prefix(LOCKS_NS, name + "#", after=None, limit=4096, now_ms=now)
             for row in rows:

@@ -96,6 +96,14 @@ class TestTheWholeCallIsBounded:
         with pytest.raises((TypeError, ValueError), match="call_timeout must be"):
             qs.Queen(broker.url, call_timeout=call_timeout)
 
+    @pytest.mark.parametrize("timeout", [0, float("inf"), float("nan"), True, "1", (1, 2, 3)])
+    def test_a_bad_timeout_is_refused_when_the_client_is_made(
+        self, broker: LocalBroker, timeout: object
+    ) -> None:
+        """An infinite socket timeout would leave a stalled broker's call unbounded."""
+        with pytest.raises((TypeError, ValueError), match="timeout must be"):
+            qs.Queen(broker.url, timeout=timeout)
+
 
 _FAULT = st.sampled_from(["stall", "slow", "reset", "503", "429"])
 

@@ -24,12 +24,13 @@ import psycopg
 import psycopg_pool
 
 import queen_sync as qs
+from queen_sync._engines.embedded import kv_footprint, lock_footprint
 from queen_sync._engines.postgres import engine as _postgres
+from queen_sync._engines.postgres import pool as _postgres_pool
 from queen_sync._engines.postgres import storage as _postgres_storage
 from queen_sync._engines.postgres.engine import PostgresEngine
 from queen_sync._engines.postgres.one_trip import GuardedTxn
-from queen_sync._engines.postgres.txn import Plan
-from queen_sync._engines.storage import StorageConflict
+from queen_sync._engines.storage import Footprint
 
 pytestmark = pytest.mark.timeout(60)
 CTX = multiprocessing.get_context("spawn")
@@ -91,7 +92,19 @@ class TestUrlsAndSecrets:
             with qs.Queen(url) as q:
                 assert q.engine.kind == "postgres", q.engine
                 storage = q.engine.storage  # type: ignore[attr-defined]
-                assert storage.sql.schema == "abc" and storage._sizes == (1, 3), storage
+                assert storage.sql.schema == "abc" and storage.sessions._sizes == (1, 3), storage
+
+    @pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), True, "5",
+                                         (1, 2, 3)])
+    def test_a_bad_timeout_is_refused_when_the_client_is_made(
+            self, url: str, timeout: object) -> None:
+        """One rule for every engine: positive, finite seconds, or a pair of them."""
+        with pytest.raises((TypeError, ValueError), match="timeout must be"):
+            PostgresEngine(url, timeout=timeout)
+
+    def test_a_timeout_pair_sets_connecting_and_calling_apart(self, url: str) -> None:
+        with contextlib.closing(PostgresEngine(url, timeout=(3, 7))) as engine:
+            assert engine.storage.call_timeout == 7, engine.storage.call_timeout
 
     def test_an_explicit_option_wins_over_the_url(self, base_url: str) -> None:
         engine = PostgresEngine.from_url(base_url + "?schema=abc", schema="other")
@@ -187,7 +200,7 @@ class TestErrors:
 
         with pytest.raises(qs.EngineUnavailableError, match="unknown"):
             dead = DeadConnection()
-            engine.storage._commit(dead, dead, Txn())  # type: ignore[arg-type]
+            engine.storage._commit(_call(engine), dead, dead, Txn())  # type: ignore[arg-type]
 
     def test_a_missing_privilege_is_an_engine_error_not_unavailability(
             self, server: PgServer, url: str) -> None:
@@ -214,7 +227,7 @@ def _all_subclasses(cls: type) -> set[type]:
 def _caught_driver_names() -> set[str]:
     """Driver errors named in ``except`` clauses and ``suppress()`` calls of the engine."""
     names = set()
-    for path in Path(_postgres.__file__).parent.glob("_postgres*.py"):
+    for path in Path(_postgres.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             caught: list[ast.expr] = []
             if isinstance(node, ast.ExceptHandler) and node.type is not None:
@@ -462,12 +475,12 @@ class TestConnections:
     def test_the_kept_connection_goes_back_to_the_pool_now_and_then(
             self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
         """So the pool's own policies (max_lifetime, checks) still reach it."""
-        monkeypatch.setattr(_postgres_storage, "_HOT_USES", 2)
+        monkeypatch.setattr(_postgres_pool, "_HOT_USES", 2)
         with contextlib.closing(PostgresEngine.from_url(url)) as engine:
             kept = []
             for _ in range(4):
                 engine.call("locks", {"operations": [{"op": "get", "name": "n"}]})
-                kept.append(engine.storage._hot is not None)
+                kept.append(engine.storage.sessions.has_hot)
         assert kept.count(True) == 2 and kept.count(False) == 2, kept
 
     def test_two_threads_on_a_one_connection_pool_never_connect_around_it(
@@ -539,11 +552,17 @@ class TestLifecycle:
 
 def _backend_pid(storage: Any) -> int:
     """The server process behind the connection the storage's next call would use."""
-    conn, pool = storage._checkout()
+    conn, pool = storage._checkout(_call(storage))
     try:
         return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
     finally:
-        storage._checkin(conn, pool)
+        storage.sessions.checkin(conn, pool)
+
+
+def _call(engine_or_storage: Any) -> _postgres_storage.Call:
+    """A call's attempts with the engine's timeout, for reaching the storage's steps directly."""
+    storage = getattr(engine_or_storage, "storage", engine_or_storage)
+    return _postgres_storage.Call(Footprint(), storage.where, storage.call_timeout)
 
 
 def _child_after_fork(q: qs.Queen, inherited: list[Any]) -> None:
@@ -583,14 +602,12 @@ class TestTheTestServer:
 
 class TestPlans:
     def test_a_body_mixing_a_release_with_an_acquire_commits_durably(self) -> None:
-        from queen_sync._engines.postgres.txn import plan_for
-
         release = {"op": "release", "name": "a", "token": 1}
         acquire = {"op": "acquire", "name": "b", "ttlSeconds": 5}
-        assert plan_for("locks", {"operations": [release]}).durable is False
+        assert lock_footprint([release]).only_releases is True
         for ops in ([release, acquire], [acquire, release], [acquire], []):
-            assert plan_for("locks", {"operations": ops}).durable is True, ops
-        assert plan_for("kv", {"operations": [{"op": "delete", "ns": "n", "key": "k"}]}).durable
+            assert lock_footprint(ops).only_releases is False, ops
+        assert not kv_footprint([{"op": "delete", "ns": "n", "key": "k"}]).only_releases
 
     @pytest.mark.parametrize("body", [None, [], {"operations": "x"}, {"operations": [3, None]},
                                       {"operations": [{"op": "get", "ns": 1, "key": None}]}])
@@ -680,9 +697,10 @@ class TestOneTripBodies:
     def test_whatever_a_guarded_body_concludes_short_of_its_guards_is_decided_again(
             self, engine: PostgresEngine) -> None:
         """An error or a rollback's answer drawn from remembered rows is never passed on."""
-        guarded = GuardedTxn(engine.storage.sql, Plan(), engine.storage._seen, 0)
-        failures = engine.storage._body_failures(None, [guarded])  # type: ignore[arg-type]
-        with pytest.raises(StorageConflict, match="two-trip path"), failures:
+        guarded = GuardedTxn(engine.storage.sql, set(), engine.storage._seen, 0)
+        failures = engine.storage._body_failures(_call(engine), None,  # type: ignore[arg-type]
+                                                 [guarded])
+        with pytest.raises(_postgres_storage.Conflict, match="two-trip path"), failures:
             raise ValueError("concluded from remembered rows")
 
     def test_a_connection_the_server_has_closed_gets_no_one_trip_release(

@@ -276,8 +276,8 @@ def test_a_lost_connection_is_retried_once_then_reported(server: PgServer) -> No
     real_checkout = storage._checkout
     kills = threading.Semaphore(2)
 
-    def checkout_then_kill() -> Any:
-        conn, pool = real_checkout()
+    def checkout_then_kill(call: Any) -> Any:
+        conn, pool = real_checkout(call)
         if kills.acquire(blocking=False):
             server.terminate_backends(app)
             deadline = time.monotonic() + 5

@@ -10,7 +10,7 @@ with qs.Queen("postgresql://app@db.internal/app") as q:
             conn.execute("UPDATE report SET ...")
 ```
 
-The lock and key/value semantics are the embedded engines' (``_semantics``),
+The lock and key/value semantics are the embedded engines' (``embedded``),
 run over ``PostgresStorage``: rows in a schema of their own (``queen_sync`` by
 default, ``?schema=name`` to choose), tokens from a sequence, expiry by the
 database clock. A release wakes waiters on any machine through LISTEN/NOTIFY.
@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..._errors import LockLostError, RequestError
 from ..._ops import LOCKS_NS, check_lock_op, permit_key
-from ..base import Capabilities, Engine, Waiter, redact_url
+from ..base import Capabilities, Engine, Waiter, parse_timeout, redact_url
 from ..embedded import EmbeddedSemantics
 
 try:
@@ -55,26 +55,13 @@ from .storage import PostgresStorage
 log = logging.getLogger("queen_sync")
 
 DEFAULT_SCHEMA = "queen_sync"
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = (10.0, 10.0)  # seconds to connect, and per call
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
 _LISTEN_READY_WAIT = 2.0
 # Lock operations per transaction: far below the lock table of any server (64 entries per
 # connection by default), yet enough that a renewal pass costs few round trips.
 LOCKS_PER_TRANSACTION = 256
-
-
-def _timeouts(timeout: Any) -> tuple[float, float]:
-    """``(connect, per call)`` seconds from a number or a ``(connect, read)`` pair."""
-    if timeout is None:
-        return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
-    if isinstance(timeout, (tuple, list)):
-        connect, call = (float(t) for t in timeout)
-    else:
-        connect = call = float(timeout)
-    if connect <= 0 or call <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
-    return connect, call
 
 
 def public_url(url: str) -> str:
@@ -167,7 +154,7 @@ class PostgresEngine(Engine):
         if not 0 <= pool_min_size <= pool_max_size or pool_max_size < 1:
             raise ValueError("need 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1")
         libpq_url, _ = split_url(url)
-        connect_timeout, call_timeout = _timeouts(timeout)
+        connect_timeout, call_timeout = parse_timeout(timeout, DEFAULT_TIMEOUT)
         self._url = _engine_url(libpq_url, schema)
         self._secrets = secrets_of(url)
         conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url,
@@ -204,7 +191,6 @@ class PostgresEngine(Engine):
         return self._call_once(route, body)
 
     def _call_once(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.storage.new_call(route, body)
         try:
             return self._semantics.call(route, body)
         except psycopg.Error as exc:  # the storage translates; this catches any it missed

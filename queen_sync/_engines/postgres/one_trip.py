@@ -23,12 +23,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..._ops import LOCKS_NS
 from ..storage import Row
 from .sql import ASYNC_COMMIT, Statement, Statements
-from .txn import Plan, delete_statements, entity_of, lock_statements
+from .txn import entity_of, lock_statements, notify_statement
 
 _REMEMBERED_ROWS = 4096
 
@@ -95,12 +95,12 @@ class SeenRows:
 class GuardedTxn:
     """``StorageTxn`` answered from ``SeenRows``; ``commit_script`` is the whole transaction."""
 
-    def __init__(self, sql: Statements, plan: Plan, seen: SeenRows, now_ms: int) -> None:
+    def __init__(self, sql: Statements, entities: Iterable[str], seen: SeenRows,
+                 now_ms: int) -> None:
         self._sql = sql
         self._seen = seen
         self._now = now_ms
-        self._durable = plan.durable
-        self._entities = set(plan.entities)
+        self._entities = set(entities)
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
         self._guards: list[Statement] = []
         self._writes: list[Statement] = []
@@ -109,7 +109,12 @@ class GuardedTxn:
     def now_ms(self) -> int:
         return self._now
 
-    def read(self, ns: str, key: str) -> Optional[Row]:
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        row = self._remembered(ns, key)
+        return row if row is not None and row.live_at(now_ms) else None
+
+    def _remembered(self, ns: str, key: str) -> Optional[Row]:
+        """The row as remembered, guarded so the transaction fails unless it still is."""
         if (ns, key) in self._rows:
             return self._rows[(ns, key)]
         row = self._seen.lookup(ns, key)
@@ -133,8 +138,11 @@ class GuardedTxn:
 
     def delete(self, ns: str, key: str) -> None:
         self._entities.add(entity_of(ns, key))
-        self._writes += delete_statements(self._sql, ns, key)
+        self._writes.append((self._sql.delete, (ns, key)))
         self._rows[(ns, key)] = None
+
+    def freed(self, name: str) -> None:
+        self._writes.append(notify_statement(self._sql, name))
 
     def rows(self) -> dict[tuple[str, str], Optional[Row]]:
         """Every row whose state this transaction knows (``None``: known absent)."""
@@ -147,6 +155,7 @@ class GuardedTxn:
         transaction, which commits at its end, and which a failed guard rolls back
         without a ROLLBACK costing another round trip.
         """
-        script: list[Statement] = [] if self._durable else [(ASYNC_COMMIT, ())]
+        # Only a body of releases runs here, so its commit need not wait for the disk.
+        script: list[Statement] = [(ASYNC_COMMIT, ())]
         script += lock_statements(self._sql, self._entities)
         return [*script, *self._guards, *self._writes]

@@ -24,14 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import psycopg
 
-from ..._ops import LOCKS_NS
-from ..storage import Row
+from ..._ops import LOCKS_NS, split_permit_key
+from ..storage import Footprint, Row
 from .sql import ASYNC_COMMIT, FETCH_ONE_BY_ONE, Statement, Statements, signed32
 
 
@@ -42,9 +40,16 @@ def entity_key(entity: str) -> int:
 
 def entity_of(ns: str, key: str) -> str:
     """Permits of one lock name share an entity, so a name's slots are scanned race-free."""
-    if ns == LOCKS_NS and "#" in key:
-        return "L" + key.rsplit("#", 1)[0]
+    permit = split_permit_key(key) if ns == LOCKS_NS else None
+    if permit is not None:
+        return "L" + permit[0]
     return f"K{ns}/{key}"  # a namespace never holds "/", so this is unambiguous
+
+
+def entities_of(footprint: Footprint) -> set[str]:
+    """The entities a body's footprint names: its lock names, and the entities of its keys."""
+    return {"L" + name for name in footprint.names} | {
+        entity_of(ns, key) for ns, key in footprint.keys}
 
 
 def _prefix_end(prefix: str) -> Optional[str]:
@@ -67,12 +72,9 @@ def lock_statements(sql: Statements, entities: Iterable[str]) -> list[Statement]
     return [(sql.lock, (sql.lock_class, key)) for key in keys]
 
 
-def delete_statements(sql: Statements, ns: str, key: str) -> list[Statement]:
-    statements: list[Statement] = [(sql.delete, (ns, key))]
-    if ns == LOCKS_NS and "#" in key:
-        # Notified inside the transaction: waiters wake exactly when the release commits.
-        statements.append((sql.notify, (sql.channel, key.rsplit("#", 1)[0])))
-    return statements
+def notify_statement(sql: Statements, name: str) -> Statement:
+    """Sent inside the transaction that frees a permit: waiters wake exactly when it commits."""
+    return sql.notify, (sql.channel, name)
 
 
 def _row(record: Sequence[Any]) -> Row:
@@ -82,50 +84,6 @@ def _row(record: Sequence[Any]) -> Row:
 
 def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
-
-
-_MINTS = frozenset({"acquire", "renew", "put", "putIfAbsent", "incr"})
-_KEYED = frozenset({"get", "put", "putIfAbsent", "delete", "incr", "check"})
-
-
-@dataclass
-class Plan:
-    """What a body will touch, read off it before it runs: locked and fetched up front.
-
-    Attributes:
-        entities: the entities (lock names, keys) its operations name.
-        versions: how many versions it may mint (drawn in advance; unused ones are skipped).
-        durable: False for a body that only releases locks: its commit need not wait for
-            the disk, since a release lost in a crash only lets the lease run out, and any
-            later durable commit flushes it anyway.
-        operations: how many operations the body holds (named in errors its size may cause).
-    """
-
-    entities: set[str] = field(default_factory=set)
-    versions: int = 0
-    durable: bool = True
-    operations: int = 0
-
-
-def plan_for(route: str, body: Any) -> Plan:
-    """The plan of a wire body; anything malformed is left for the semantics to refuse."""
-    plan = Plan()
-    field_name = "kv" if route == "transaction" else "operations"
-    listed = body.get(field_name) if isinstance(body, Mapping) else None
-    ops = [op for op in listed if isinstance(op, Mapping)] if isinstance(listed, list) else []
-    for op in ops:
-        kind = op.get("op")
-        if route == "locks" and isinstance(op.get("name"), str):
-            plan.entities.add("L" + op["name"])
-        elif kind in _KEYED and isinstance(op.get("ns"), str) and isinstance(op.get("key"), str):
-            plan.entities.add(entity_of(op["ns"], op["key"]))
-        elif kind == "getMany" and isinstance(op.get("ns"), str) and isinstance(op.get("keys"),
-                                                                                list):
-            plan.entities.update(entity_of(op["ns"], k) for k in op["keys"] if isinstance(k, str))
-        plan.versions += kind in _MINTS
-    plan.durable = not (route == "locks" and ops and all(op.get("op") == "release" for op in ops))
-    plan.operations = len(ops)
-    return plan
 
 
 class PgTxn:
@@ -138,19 +96,20 @@ class PgTxn:
     plan still works: that entity is locked and read when reached.
     """
 
-    def __init__(self, cur: psycopg.Cursor[Any], sql: Statements, plan: Plan) -> None:
+    def __init__(self, cur: psycopg.Cursor[Any], sql: Statements, entities: Iterable[str],
+                 footprint: Footprint) -> None:
         self._cur = cur
         self._sql = sql
         self._pending: list[Statement] = []
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
         self._complete: set[str] = set()
         self.unplanned: set[str] = set()
-        ordered = sorted(plan.entities, key=entity_key)
+        ordered = sorted(entities, key=entity_key)
         script: list[Statement] = [("BEGIN", ())]
-        if not plan.durable:
+        if footprint.only_releases:
             script.append((ASYNC_COMMIT, ()))
         script += lock_statements(sql, ordered)
-        script.append(sql.draw(plan.versions))
+        script.append(sql.draw(footprint.mints))
         fetches = sql.fetch(ordered) if ordered else []
         sent = time.monotonic()
         results = self._roundtrip([*script, *fetches])
@@ -197,7 +156,12 @@ class PgTxn:
     def now_ms(self) -> int:
         return self._now
 
-    def read(self, ns: str, key: str) -> Optional[Row]:
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        row = self._stored(ns, key)
+        return row if row is not None and row.live_at(now_ms) else None
+
+    def _stored(self, ns: str, key: str) -> Optional[Row]:
+        """The row as stored, expired or not: a write must know which statement replaces it."""
         entity = entity_of(ns, key)
         if (ns, key) in self._rows or entity in self._complete:
             return self._rows.get((ns, key))
@@ -252,8 +216,11 @@ class PgTxn:
         self._rows[(row.ns, row.key)] = row
 
     def delete(self, ns: str, key: str) -> None:
-        self._queue(entity_of(ns, key), delete_statements(self._sql, ns, key))
+        self._queue(entity_of(ns, key), [(self._sql.delete, (ns, key))])
         self._rows[(ns, key)] = None
+
+    def freed(self, name: str) -> None:
+        self._pending.append(notify_statement(self._sql, name))
 
     def next_version(self) -> int:
         if self._spares:
