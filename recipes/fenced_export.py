@@ -35,6 +35,12 @@ Sinks:
     ``FencedKv(q, ns)`` writes each partition as one key through
     ``q.transaction().guard(lock)``, so the check and the write are one atomic step.
 
+    ``FencedTable(q, conn, "schema.table")`` (PostgreSQL only: the engine's
+    ``user_table_fencing`` capability; other engines refuse it when it is built)
+    upserts one row per partition of a table of your own, in one transaction on
+    your psycopg connection that starts with ``lock.fence(conn)``: a replaced
+    holder's write commits nothing, and a row never goes back to a lower token.
+
 What it does not do: fence side effects outside the sink (an email sent, an API
 called). Put those behind the same token, or make them idempotent.
 """
@@ -45,22 +51,23 @@ import contextlib
 import logging
 import os
 import secrets
-import warnings
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Protocol, Union, overload
 
 from typing_extensions import deprecated
 
 import queen_sync as qs
+from queen_sync import Duration
 
-__all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "FencedSink"]
+from ._client_arg import the_client
+from ._fence_checks import check_name, check_token, current_token, fenced_out
+from ._sql_sink import FencedTable
+
+__all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "FencedSink",
+           "FencedTable"]
 
 log = logging.getLogger("queen_sync.recipes")
-
-#: Seconds, a ``timedelta`` or a string such as ``"30s"`` (as everywhere in queen_sync).
-Duration = Union[float, timedelta, str]
 
 #: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
 PROGRESS_NS = "queen-sync.export"
@@ -72,28 +79,6 @@ class FencedSink(Protocol):
     def write(self, name: str, data: Any, *, token: int,
               lock: Optional[qs.Lock] = None) -> object:
         """Store ``data`` as ``name``; raise ``FencedOutError`` if ``token`` is superseded."""
-
-
-def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
-    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
-    if q is None:
-        if client is None:
-            raise TypeError(f"{where}() needs the client as its first argument (client=)")
-        return client
-    if client is not None:
-        raise TypeError(f"{where}() got both client and q=; pass only client")
-    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
-    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
-                  DeprecationWarning, stacklevel=3)
-    return q
-
-
-def _check_token(token: Any) -> int:
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"token must be an int (lock.token), got {type(token).__name__}")
-    if token <= 0:
-        raise ValueError(f"token must be > 0, got {token}")
-    return int(token)
 
 
 class FencedDirectory:
@@ -123,8 +108,8 @@ class FencedDirectory:
                 publishing (the file is then withdrawn).
             TypeError, ValueError: a bad name, token or data (before any I/O).
         """
-        _check_name(name)
-        _check_token(token)
+        check_name(name)
+        check_token(token)
         body = data.encode("utf-8") if isinstance(data, str) else data
         if not isinstance(body, bytes):
             raise TypeError(f"data must be bytes or str, got {type(data).__name__}")
@@ -147,20 +132,20 @@ class FencedDirectory:
         if current > token:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(final)
-            raise _fenced_out(name, token, current)
+            raise fenced_out(name, token, current)
         self._drop_older(name, token)
         return final
 
     def _raise_mark(self, name: str, token: int) -> None:
         current = self.token()
         if token < current:
-            raise _fenced_out(name, token, current)
+            raise fenced_out(name, token, current)
         if token > current:
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self._fence / f"{token:020d}", os.O_CREAT | os.O_EXCL, 0o644))
         current = self.token()
         if token < current:
-            raise _fenced_out(name, token, current)
+            raise fenced_out(name, token, current)
 
     def _drop_older(self, name: str, token: int) -> None:
         for older, version in self._versions(name):
@@ -191,7 +176,7 @@ class FencedDirectory:
         Raises:
             FileNotFoundError: nothing was ever published as ``name``.
         """
-        versions = self._versions(_check_name(name))
+        versions = self._versions(check_name(name))
         if not versions:
             raise FileNotFoundError(f"{name!r} was never published in {self.path}")
         return max(versions, key=lambda pair: pair[1])[0].read_bytes()
@@ -218,7 +203,7 @@ class FencedKv:
 
     def __init__(self, client: Optional[qs.Queen] = None, ns: Optional[str] = None, *,
                  prefix: str = "", q: Optional[qs.Queen] = None) -> None:
-        self._q = _the_client(client, q, "FencedKv")
+        self._q = the_client(client, q, "FencedKv")
         if not isinstance(ns, str):
             raise TypeError(f"ns must be a str, got {type(ns).__name__}")
         self.ns = ns
@@ -233,7 +218,7 @@ class FencedKv:
         """
         if lock is None:
             raise TypeError("FencedKv.write needs lock= (its guard is checked in the store)")
-        _check_token(token)
+        check_token(token)
         txn = self._q.transaction().guard(lock)
         txn.kv.put(self.ns, self.prefix + name, {"data": data, "token": token}, forever=True)
         _guarded_commit(self._q, txn, lock, token, what=f"{self.ns}/{self.prefix}{name}")
@@ -252,34 +237,10 @@ def _guarded_commit(q: qs.Queen, txn: qs.Transaction, lock: qs.Lock, token: int,
     try:
         answer = txn.commit()
     except qs.LockNotHeldError as exc:
-        raise _fenced_out(what, token, _current_token(q, lock)) from exc
+        raise fenced_out(what, token, current_token(q, lock)) from exc
     if not answer:
         current = answer.get("version") if answer.get("failedIndex") == 0 else None
-        raise _fenced_out(what, token, current if current else _current_token(q, lock))
-
-
-def _current_token(q: qs.Queen, lock: qs.Lock) -> Optional[int]:
-    holders = q.locks.get(lock.name).get("holders") or []
-    return int(holders[0]["token"]) if holders else None
-
-
-def _fenced_out(what: str, presented: int, current: Optional[int]) -> qs.FencedOutError:
-    now = f"now at token {current}" if current else "no longer held by anyone"
-    return qs.FencedOutError(
-        f"refusing the write of {what!r} fenced at token {presented}: the lock is {now}. "
-        "Another holder took over; stop rather than retry.",
-        presented=presented, current=current)
-
-
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"a partition name must be a str, got {type(name).__name__}")
-    bad = (not name or name.startswith(".") or "/" in name or "\\" in name or "\0" in name
-           or len(name.encode("utf-8")) > 200)
-    if bad:
-        raise ValueError(f"partition name {name!r} must be 1..200 bytes, not start with '.', "
-                         "and contain no path separator")
-    return name
+        raise fenced_out(what, token, current if current else current_token(q, lock))
 
 
 @dataclass(frozen=True)
@@ -315,7 +276,7 @@ class FencedExport:
     def __init__(self, client: Optional[qs.Queen] = None, name: Optional[str] = None,
                  sink: Optional[FencedSink] = None, *, ttl: Duration,
                  wait: Optional[Duration] = 0, q: Optional[qs.Queen] = None) -> None:
-        self._q = _the_client(client, q, "FencedExport")
+        self._q = the_client(client, q, "FencedExport")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         if sink is None:

@@ -2,7 +2,7 @@
 
 ```python
 import queen_sync as qs
-from queen_sync.recipes.leader_election import LeaderElection
+from queen_sync.recipes.leader_election import LeaderElection, observe
 
 with qs.Queen() as q:
     election = LeaderElection(q, "nightly-scheduler", ttl="30s",
@@ -10,8 +10,18 @@ with qs.Queen() as q:
     election.start()                     # campaigns on a background thread
     if election.wait_elected(timeout=5):
         print(election.leader())         # who leads, since when, until when (engine's clock)
+        print(election.health().seconds_left)  # this process's own belief, no engine call
+    with observe(q, "nightly-scheduler", every="1s") as watcher:  # never campaigns
+        print(watcher.wait_for_leader(timeout=5).identity == election.identity)  # True
     election.stop()                      # resigns if leading
 ```
+
+Processes that only need to know who leads (a dashboard, a router sending work
+to the leader) ``observe(client, name, on_new_leader=...)`` instead of
+campaigning: they read the lock every ``every`` seconds and hear of each new
+term, with its leader and token. ``election.health()`` answers, from this
+process's own state, whether it believes it leads, with which token, for how
+many more seconds, and how long ago its lease was last renewed.
 
 Every candidate holds a handle on the same lock. The one that acquires it leads
 for as long as the background renewer keeps the lease; the others keep trying
@@ -46,34 +56,55 @@ import secrets
 import socket
 import threading
 import time
-import warnings
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Optional, Union, overload
+from typing import Any, Callable, Optional, overload
 
 from typing_extensions import deprecated
 
 import queen_sync as qs
+from queen_sync import Duration
 
-__all__ = ["Leader", "LeaderElection"]
+from ._client_arg import the_client
+from ._leader_watch import Leader, LeaderObserver, read_leader
+
+__all__ = ["Leader", "LeaderElection", "LeaderHealth", "LeaderObserver", "observe"]
 
 log = logging.getLogger("queen_sync.recipes")
-
-#: Seconds, a ``timedelta`` or a string such as ``"30s"`` (as everywhere in queen_sync).
-Duration = Union[float, timedelta, str]
 
 #: Longest single wait on the lock, so ``stop()`` is noticed promptly.
 _MAX_CAMPAIGN_WAIT = 1.0
 
 
 @dataclass(frozen=True)
-class Leader:
-    """The current leader as the engine reports it (times by the engine's clock, UTC)."""
+class LeaderHealth:
+    """What this candidate believes about its own leadership, by this machine's clock.
 
-    identity: Optional[str]
-    token: int
-    since: datetime
-    until: Optional[datetime]
+    Attributes:
+        leading: it holds the lease now (a belief with a deadline, as ``is_leader``).
+        token: the fence for its writes now; None when not leading.
+        seconds_left: until the lease lapses unless renewed (0 when not leading).
+        renewed_ago: seconds since the acquire or renewal that keeps the lease was sent
+            (None when not leading); past one renew interval, renewals are failing.
+        renew_every: the renew interval, to judge ``renewed_ago`` by.
+        campaigning: the campaign thread is alive (``start()`` and not yet stopped).
+        terms: how many terms this candidate has led.
+        last_error: the last engine failure the campaign met, cleared by the next success.
+    """
+
+    leading: bool
+    token: Optional[int]
+    seconds_left: float
+    renewed_ago: Optional[float]
+    renew_every: float
+    campaigning: bool
+    terms: int
+    last_error: Optional[str]
+
+    @property
+    def renewing(self) -> bool:
+        """True while leading and the last renewal is at most two renew intervals old."""
+        return self.leading and self.renewed_ago is not None and (
+            self.renewed_ago <= 2 * self.renew_every)
 
 
 class LeaderElection:
@@ -119,7 +150,7 @@ class LeaderElection:
         identity: Optional[str] = None,
         q: Optional[qs.Queen] = None,
     ) -> None:
-        self._q = _the_client(client, q, "LeaderElection")
+        self._q = the_client(client, q, "LeaderElection")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
@@ -139,6 +170,7 @@ class LeaderElection:
         self._cooldown_until = 0.0
         self._thread: Optional[threading.Thread] = None
         self.terms = 0
+        self._last_error: Optional[str] = None
         self.lock.on_lost(lambda _reason: self._wake.set())
 
     # ---- what callers read ---------------------------------------------------------------
@@ -155,13 +187,23 @@ class LeaderElection:
 
     def leader(self) -> Optional[Leader]:
         """Who leads now, since when and until when, asked of the engine; None if nobody."""
-        holders = self._q.locks.get(self.name).get("holders") or []
-        if not holders:
-            return None
-        top = holders[0]
-        until = top.get("expiresAt")
-        return Leader(identity=top.get("owner"), token=int(top["token"]),
-                      since=_utc(top["since"]), until=_utc(until) if until is not None else None)
+        return read_leader(self._q, self.name)
+
+    def health(self) -> LeaderHealth:
+        """Whether this process believes it leads, with which token and for how much longer.
+
+        Reads only this process's own state (no engine call), so a liveness probe may
+        call it as often as it likes.
+        """
+        lock = self.lock
+        token, left = lock.token, lock.remaining
+        leading = token is not None
+        thread = self._thread
+        return LeaderHealth(
+            leading=leading, token=token, seconds_left=left if leading else 0.0,
+            renewed_ago=max(0.0, lock.ttl - left) if leading else None,
+            renew_every=self.retry_every, campaigning=thread is not None and thread.is_alive(),
+            terms=self.terms, last_error=self._last_error)
 
     def wait_elected(self, timeout: Optional[float] = None) -> bool:
         """Block until this candidate leads (True) or ``timeout`` seconds pass (False)."""
@@ -217,12 +259,15 @@ class LeaderElection:
 
     def _campaign_once(self) -> bool:
         try:
-            return self.lock.acquire(wait=min(self.retry_every, _MAX_CAMPAIGN_WAIT))
+            won = self.lock.acquire(wait=min(self.retry_every, _MAX_CAMPAIGN_WAIT))
         except qs.EngineError as exc:
             # The engine is unreachable: nobody can be elected through it; try again later.
             log.warning("campaign for %r failed, retrying: %s", self.name, exc)
+            self._last_error = str(exc)
             self._stopping.wait(self.retry_every)
             return False
+        self._last_error = None
+        return won
 
     def _serve_term(self) -> None:
         token = self.lock.token
@@ -268,23 +313,17 @@ class LeaderElection:
         return f"<LeaderElection {self.name!r} {state} identity={self.identity!r}>"
 
 
-def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
-    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
-    if q is None:
-        if client is None:
-            raise TypeError(f"{where}() needs the client as its first argument (client=)")
-        return client
-    if client is not None:
-        raise TypeError(f"{where}() got both client and q=; pass only client")
-    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
-    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
-                  DeprecationWarning, stacklevel=3)
-    return q
-
-
 def _mint_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-def _utc(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+def observe(client: qs.Queen, name: str, *,
+            on_new_leader: Optional[Callable[[Leader], Any]] = None,
+            every: Duration = 1.0) -> LeaderObserver:
+    """Follow the election ``name`` without campaigning; returns the started observer.
+
+    ``on_new_leader(leader)`` runs on the observer's thread once per term it sees, in
+    order, each term's token higher than the last. A term that starts and ends between
+    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it.
+    """
+    return LeaderObserver(client, name, on_new_leader=on_new_leader, every=every).start()

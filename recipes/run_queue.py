@@ -57,26 +57,19 @@ name still never take a live claim from each other.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
 import secrets
 import socket
 import threading
 import time
-import warnings
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from typing import (
     Any,
     Callable,
-    Dict,
     Iterable,
     List,
     Mapping,
     Optional,
-    TypeVar,
     Union,
     overload,
 )
@@ -84,18 +77,34 @@ from typing import (
 from typing_extensions import deprecated
 
 import queen_sync as qs
+from queen_sync import Duration
+
+from ._client_arg import the_client
+from ._run_claim import Claim
+from ._run_records import RUNS_NS as RUNS_NS  # where users find the records' namespace
+from ._run_records import (
+    ClaimInfo,
+    Completion,
+    DeadLetter,
+    Page,
+    PageRead,
+    ResultPage,
+    RunEntry,
+    check_after,
+    check_count,
+    check_id,
+    completion_of,
+    dead_letter_of,
+    from_anywhere,
+    live_claims,
+    under,
+)
 
 __all__ = ["Claim", "ClaimInfo", "Completion", "DeadLetter", "Page", "ResultPage", "RunEntry",
            "RunQueue"]
 
 log = logging.getLogger("queen_sync.recipes")
 
-#: Seconds, a ``timedelta`` or a string such as ``"30s"`` (as everywhere in queen_sync).
-Duration = Union[float, timedelta, str]
-T = TypeVar("T")
-
-#: The namespace of every queue's records: ``<queue>/pending|done|dead/<run id>``.
-RUNS_NS = "queen-sync.runs"
 #: How long completion and dead-letter records are kept unless the queue says otherwise.
 DEFAULT_RETENTION = "7d"
 #: Pending runs a claim reads per call; the live claims among them come in the same call.
@@ -118,280 +127,6 @@ def default_holder() -> str:
     if pid not in _PROCESS_HOLDER:
         _PROCESS_HOLDER[pid] = f"{socket.gethostname()}:{pid}:{secrets.token_hex(3)}"
     return _PROCESS_HOLDER[pid]
-
-
-def _utc(epoch_ms: Optional[int]) -> Optional[datetime]:
-    return None if epoch_ms is None else datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-
-
-def _the_client(client: Optional[qs.Queen], q: Optional[qs.Queen], where: str) -> qs.Queen:
-    """The client given first or as ``client=``, or by the deprecated keyword ``q=``."""
-    if q is None:
-        if client is None:
-            raise TypeError(f"{where}() needs the client as its first argument (client=)")
-        return client
-    if client is not None:
-        raise TypeError(f"{where}() got both client and q=; pass only client")
-    # Two frames up: the caller of the recipe's constructor, which is what needs changing.
-    warnings.warn(f"{where}(q=...) is deprecated: pass client=... (or the client first)",
-                  DeprecationWarning, stacklevel=3)
-    return q
-
-
-def _check_id(value: Any, what: str, max_bytes: int) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    if not value or len(value.encode("utf-8")) > max_bytes or "#" in value:
-        raise ValueError(f"{what} {value!r} must be 1..{max_bytes} bytes without '#'")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ValueError(f"{what} {value!r} contains a control character")
-    return value
-
-
-def _check_count(value: Any, what: str, *, optional: bool = True) -> Optional[int]:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int{' or None' if optional else ''}, "
-                        f"got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{what} must be at least 1, got {value}")
-    return value
-
-
-def _check_after(after: Any) -> Optional[str]:
-    return None if after is None else _check_id(after, "after", 180)
-
-
-@dataclass(frozen=True)
-class ClaimInfo:
-    """A run's claim as a listing saw it (``expired`` judged by the engine's clock).
-
-    ``expires_at`` is the engine's expiry for a live claim; for an expired one, the
-    expiry its holder estimated at its last write (later renewals are not recorded).
-    """
-
-    holder: str
-    fence: int
-    expires_at: Optional[datetime]
-    expired: bool
-
-
-@dataclass(frozen=True)
-class RunEntry:
-    """One pending (not yet completed) run; ``attempts`` counts its claims so far."""
-
-    run_id: str
-    payload: Any
-    claim: Optional[ClaimInfo]
-    state: Any
-    attempts: int = 0
-
-    @property
-    def claimed(self) -> bool:
-        """True when a live (unexpired) claim holds the run."""
-        return self.claim is not None and not self.claim.expired
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The record a completed run leaves: its result, and the holding that wrote it."""
-
-    run_id: str
-    result: Any
-    holder: str
-    fence: int
-    attempts: int = 1
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A run taken off the queue after ``attempts`` claims: its payload and last checkpoint.
-
-    ``claim`` is the last claim its record kept: the one that died holding it, or None
-    when the last claim gave the run back (``release()``, or ``work()`` after ``fn`` raised).
-    """
-
-    run_id: str
-    payload: Any
-    state: Any
-    attempts: int
-    claim: Optional[ClaimInfo]
-
-
-class Page(List[T]):
-    """One page of a listing, in run-id order.
-
-    ``next_after`` is the ``after=`` that continues the listing; None once nothing follows.
-    """
-
-    def __init__(self, items: Iterable[T] = (), next_after: Optional[str] = None) -> None:
-        super().__init__(items)
-        self.next_after = next_after
-
-
-class ResultPage(Dict[str, "Completion"]):
-    """One page of completion records by run id; ``next_after`` continues it (None: done)."""
-
-    def __init__(self, items: Iterable[tuple[str, Completion]] = (),
-                 next_after: Optional[str] = None) -> None:
-        super().__init__(items)
-        self.next_after = next_after
-
-
-def _recorded_claim(value: Any) -> Optional[ClaimInfo]:
-    """The claim a record remembers; with no live permit behind it, it has expired."""
-    if not isinstance(value, dict):
-        return None
-    return ClaimInfo(value["holder"], int(value["fence"]), _utc(value.get("expiresAt")),
-                     expired=True)
-
-
-def _entry(run_id: str, value: dict[str, Any], live: Optional[ClaimInfo]) -> RunEntry:
-    claim = live or _recorded_claim(value.get("claim"))
-    return RunEntry(run_id, value.get("payload"), claim, value.get("state"),
-                    int(value.get("attempts", 0)))
-
-
-class Claim:
-    """This worker's claim on one run. Its writes are fenced; read ``fence`` at use time.
-
-    ``attempt`` is this claim's place among the run's claims (1 for the first).
-    """
-
-    def __init__(self, queue: RunQueue, run_id: str, payload: Any, state: Any,
-                 holder: str, lock: qs.Lock, attempt: int = 1) -> None:
-        self.run_id = run_id
-        self.payload = payload
-        self.state = state
-        self.holder = holder
-        self.lock = lock
-        self.attempt = attempt
-        self.done = False
-        self._queue = queue
-        self._last_fence = lock.token or 0
-
-    @property
-    def fence(self) -> int:
-        """The claim's current fence (it rises at every renewal); the last one once lost."""
-        token = self.lock.token
-        if token is not None:
-            self._last_fence = token
-        return self._last_fence
-
-    @property
-    def held(self) -> bool:
-        """True while the claim's lease is alive by this machine's clock."""
-        return self.lock.held
-
-    def checkpoint(self, state: Any) -> None:
-        """Record ``state`` for this run (a later claimer sees it as ``claim.state``).
-
-        Raises:
-            FencedOutError: this claim was superseded or has expired.
-        """
-        txn = self._fenced_txn()
-        txn.kv.put(RUNS_NS, self._queue._key("pending", self.run_id),
-                   self._pending(state, self._record()), forever=True, required=True)
-        self._commit(txn)
-        self.state = state
-
-    def complete(self, result: Any = None) -> None:
-        """Record the run's result exactly once and take the run off the queue.
-
-        Raises:
-            FencedOutError: this claim was superseded, or the run was already completed.
-        """
-        queue = self._queue
-        record = {"result": result, "holder": self.holder, "fence": self.fence,
-                  "attempts": self.attempt}
-        txn = self._fenced_txn()
-        txn.kv.put_if_absent(RUNS_NS, queue._key("done", self.run_id), record,
-                             ttl=queue.retention, required=True)
-        txn.kv.delete(RUNS_NS, queue._key("pending", self.run_id), required=True)
-        self._commit(txn)
-        self.done = True
-        self.lock.release()
-
-    def release(self) -> bool:
-        """Give the run back to the queue at once; False when the claim was already gone.
-
-        The attempt still counts: a run given back is retaken as its next attempt.
-        """
-        if self.done or not self.lock.held:
-            return self.lock.release()
-        txn = self._queue._q.transaction().guard(self.lock)
-        txn.kv.put(RUNS_NS, self._queue._key("pending", self.run_id),
-                   self._pending(self.state, None), forever=True, required=True)
-        with contextlib.suppress(qs.LockNotHeldError):  # expired meanwhile: nothing to undo
-            txn.commit()
-        return self.lock.release()
-
-    def _pending(self, state: Any, claim: Optional[dict[str, Any]]) -> dict[str, Any]:
-        return {"payload": self.payload, "attempts": self.attempt, "state": state,
-                "claim": claim}
-
-    def _record(self) -> dict[str, Any]:
-        expires_ms = int((time.time() + self.lock.remaining) * 1000)
-        return {"holder": self.holder, "fence": self.fence, "expiresAt": expires_ms}
-
-    def _fenced_txn(self) -> qs.Transaction:
-        if self.done:
-            raise qs.FencedOutError(f"run {self.run_id!r} is already completed by this claim",
-                                    presented=self.fence, current=self.fence,
-                                    run_id=self.run_id)
-        if not self.lock.held:
-            raise self._fenced_out(None)
-        return self._queue._q.transaction().guard(self.lock)
-
-    def _commit(self, txn: qs.Transaction) -> None:
-        try:
-            answer = txn.commit()
-        except qs.LockNotHeldError as exc:
-            raise self._fenced_out(None) from exc
-        if answer:
-            return
-        if answer.get("failedIndex") == 0:
-            raise self._fenced_out(answer.get("version") or None)
-        value = answer.get("value")
-        done_fence = value.get("fence") if isinstance(value, dict) else None
-        raise qs.FencedOutError(
-            f"run {self.run_id!r} was already completed (fence {done_fence})",
-            presented=self.fence, current=done_fence, run_id=self.run_id)
-
-    def _fenced_out(self, current: Optional[int]) -> qs.FencedOutError:
-        if current is None:
-            current = self._queue._current_fence(self.run_id)
-        now = f"claimed at {current}" if current else "no longer claimed by anyone"
-        return qs.FencedOutError(
-            f"refusing a write for run {self.run_id!r} fenced at {self.fence}: the run is now "
-            f"{now}. Another worker took it over, so this one no longer holds it; stop the "
-            "run rather than retrying (the claim is gone, not busy).",
-            presented=self.fence, current=current, run_id=self.run_id)
-
-    def __enter__(self) -> Claim:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if not self.done:
-            self.release()
-
-    def __repr__(self) -> str:
-        state = "completed" if self.done else ("held" if self.held else "lost")
-        return (f"<Claim {self.run_id!r} fence={self.fence} attempt={self.attempt} {state} "
-                f"holder={self.holder!r}>")
-
-
-@dataclass(frozen=True)
-class _PageRead:
-    """One page of pending runs as read: (run id, record value, version), and live claims."""
-
-    rows: List[tuple[str, dict[str, Any], int]]
-    live: Dict[str, ClaimInfo]
-    next_after: Optional[str]
-
-    def entries(self) -> List[RunEntry]:
-        return [_entry(run_id, value, self.live.get(run_id)) for run_id, value, _ in self.rows]
 
 
 class RunQueue:
@@ -418,14 +153,14 @@ class RunQueue:
     def __init__(self, client: Optional[qs.Queen] = None, name: Optional[str] = None, *,
                  q: Optional[qs.Queen] = None, retention: Duration = DEFAULT_RETENTION,
                  max_attempts: Optional[int] = None) -> None:
-        self._q = _the_client(client, q, "RunQueue")
-        name = _check_id(name, "queue name", 64)
+        self._q = the_client(client, q, "RunQueue")
+        name = check_id(name, "queue name", 64)
         if "/" in name:
             raise ValueError(f"queue name {name!r} must not contain '/'")
         qs.parse_duration(retention, what="retention")
         self.name = name
         self.retention = retention
-        self.max_attempts = _check_count(max_attempts, "max_attempts")
+        self.max_attempts = check_count(max_attempts, "max_attempts")
         self._cursor: Optional[str] = None  # the run this object claimed last
 
     def _key(self, kind: str, run_id: str) -> str:
@@ -437,7 +172,7 @@ class RunQueue:
     def submit(self, run_id: str, payload: Any = None) -> bool:
         """Add a run; False (and nothing changes) when ``run_id`` is pending, or completed or
         dead-lettered within the retention."""
-        _check_id(run_id, "run id", 180)
+        check_id(run_id, "run id", 180)
         txn = self._q.transaction()
         self._add_new(txn, run_id, payload)
         return bool(txn.commit())
@@ -447,7 +182,7 @@ class RunQueue:
         many were new. Every id is checked before anything is written."""
         pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
         for run_id, _ in pairs:
-            _check_id(run_id, "run id", 180)
+            check_id(run_id, "run id", 180)
         added = 0
         for start in range(0, len(pairs), _SUBMIT_CHUNK):
             chunk = pairs[start:start + _SUBMIT_CHUNK]
@@ -469,29 +204,29 @@ class RunQueue:
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def _read_page(self, after: Optional[str], limit: int) -> _PageRead:
+    def _read_page(self, after: Optional[str], limit: int) -> PageRead:
         """Pending runs after ``after`` and, in the same call, the live claims among them."""
         runs_prefix, lock_prefix = f"{self.name}/pending/", self._lock_name("")
         op = self._q.kv.op
         # A permit key is <lock name>#<slot>: every run after ``after`` has its permits
         # after the lock name of ``after``, so one range read finds the page's claims.
         runs, permits = self._q.kv.batch([
-            op.get_prefix(RUNS_NS, runs_prefix, after=_under(runs_prefix, after), limit=limit),
-            op.get_prefix(_PERMITS_NS, lock_prefix, after=_under(lock_prefix, after),
+            op.get_prefix(RUNS_NS, runs_prefix, after=under(runs_prefix, after), limit=limit),
+            op.get_prefix(_PERMITS_NS, lock_prefix, after=under(lock_prefix, after),
                           limit=limit)])
         rows = [(row["key"][len(runs_prefix):], row["value"], int(row["version"]))
                 for row in runs["rows"]]
-        live = _live_claims(lock_prefix, permits["rows"])
+        live = live_claims(lock_prefix, permits["rows"])
         if permits.get("truncated"):
             # More claims than the page holds runs: fetch the rest of the page's by key.
             bound = str(permits["nextAfter"])
             unknown = [f"{lock_prefix}{run_id}#0" for run_id, _, _ in rows
                        if f"{lock_prefix}{run_id}#0" > bound]
             if unknown:
-                live.update(_live_claims(lock_prefix,
+                live.update(live_claims(lock_prefix,
                                          self._q.kv.get_many(_PERMITS_NS, unknown)["rows"]))
         next_after = rows[-1][0] if runs.get("truncated") and rows else None
-        return _PageRead(rows, live, next_after)
+        return PageRead(rows, live, next_after)
 
     def list(self, claimed: Optional[bool] = None, *, limit: Optional[int] = None,
              after: Optional[str] = None) -> Page[RunEntry]:
@@ -506,7 +241,7 @@ class RunQueue:
         """
         if claimed is not None and not isinstance(claimed, bool):
             raise TypeError("claimed must be None, True or False")
-        limit, cursor = _check_count(limit, "limit"), _check_after(after)
+        limit, cursor = check_count(limit, "limit"), check_after(after)
         found: List[RunEntry] = []
         while True:
             page = self._read_page(cursor, _MAX_PAGE if limit is None
@@ -525,12 +260,12 @@ class RunQueue:
     def _records(self, kind: str, limit: Optional[int], after: Optional[str]
                  ) -> tuple[List[dict[str, Any]], Optional[str]]:
         """A page of ``kind`` records (keys stripped to run ids) and the cursor after it."""
-        limit, cursor = _check_count(limit, "limit"), _check_after(after)
+        limit, cursor = check_count(limit, "limit"), check_after(after)
         prefix = f"{self.name}/{kind}/"
         rows: List[dict[str, Any]] = []
         while limit is None or len(rows) < limit:
             want = _MAX_PAGE if limit is None else min(_MAX_PAGE, limit - len(rows))
-            page = self._q.kv.get_prefix(RUNS_NS, prefix, after=_under(prefix, cursor),
+            page = self._q.kv.get_prefix(RUNS_NS, prefix, after=under(prefix, cursor),
                                          limit=want)
             rows += [{**row, "key": row["key"][len(prefix):]} for row in page["rows"]]
             if not page.get("truncated") or not rows:
@@ -547,14 +282,14 @@ class RunQueue:
             after: start after this run id (a page's ``next_after``).
         """
         rows, next_after = self._records("done", limit, after)
-        return ResultPage(((row["key"], _completion(row["key"], row["value"])) for row in rows),
+        return ResultPage(((row["key"], completion_of(row["key"], row["value"])) for row in rows),
                           next_after)
 
     def dead_letters(self, *, limit: Optional[int] = None, after: Optional[str] = None
                      ) -> Page[DeadLetter]:
         """Runs taken off the queue after ``max_attempts`` claims, in run-id order."""
         rows, next_after = self._records("dead", limit, after)
-        return Page((_dead_letter(row["key"], row["value"]) for row in rows), next_after)
+        return Page((dead_letter_of(row["key"], row["value"]) for row in rows), next_after)
 
     def requeue(self, run_id: str) -> bool:
         """Put a dead-lettered run back on the queue with its attempts counted from zero.
@@ -562,7 +297,7 @@ class RunQueue:
         Returns:
             False when ``run_id`` is not among the dead letters (any more).
         """
-        _check_id(run_id, "run id", 180)
+        check_id(run_id, "run id", 180)
         record = self._q.kv.get(RUNS_NS, self._key("dead", run_id))
         if not record:
             return False
@@ -596,10 +331,10 @@ class RunQueue:
             the ``Claim``, or None when no run is free now (with ``run_id``: when that
             run is held, completed, dead-lettered or was never submitted).
         """
-        who = _check_id(holder, "holder", 200) if holder is not None else default_holder()
+        who = check_id(holder, "holder", 200) if holder is not None else default_holder()
         qs.parse_duration(ttl, what="ttl")
         if run_id is not None:
-            return self._claim_by_id(_check_id(run_id, "run id", 180), who, ttl)
+            return self._claim_by_id(check_id(run_id, "run id", 180), who, ttl)
         start = self._cursor
         after, wrapped = start, start is None
         while True:
@@ -612,7 +347,7 @@ class RunQueue:
                 if claim is not None:
                     self._cursor = run_id_
                     return claim
-                free = _from_anywhere(free)  # lost a race: others read this page too
+                free = from_anywhere(free)  # lost a race: others read this page too
             if wrapped and start is not None and page.rows and page.rows[-1][0] >= start:
                 return None  # around once: the rest was tried on the way out
             if page.next_after is not None:
@@ -728,37 +463,3 @@ class RunQueue:
 
     def __repr__(self) -> str:
         return f"<RunQueue {self.name!r} on {self._q.url}>"
-
-
-def _from_anywhere(rows: List[T]) -> List[T]:
-    """``rows`` rotated to start at a random one: workers that lost a race on one page then
-    mostly try different runs next, instead of all racing for its next free run."""
-    if len(rows) < 2:
-        return rows
-    start = random.randrange(len(rows))
-    return rows[start:] + rows[:start]
-
-
-def _under(prefix: str, run_id: Optional[str]) -> Optional[str]:
-    return None if run_id is None else prefix + run_id
-
-
-def _live_claims(lock_prefix: str, permits: List[dict[str, Any]]) -> Dict[str, ClaimInfo]:
-    """The live claim of each run whose permit is among ``permits`` (a key is name#slot)."""
-    out: Dict[str, ClaimInfo] = {}
-    for row in permits:
-        run_id = row["key"][len(lock_prefix):].rsplit("#", 1)[0]
-        owner = str((row.get("value") or {}).get("owner", ""))
-        out[run_id] = ClaimInfo(owner.rsplit("/", 1)[0], int(row["version"]),
-                                _utc(row.get("expiresAt")), expired=False)
-    return out
-
-
-def _completion(run_id: str, value: dict[str, Any]) -> Completion:
-    return Completion(run_id, value["result"], value["holder"], int(value["fence"]),
-                      int(value.get("attempts", 1)))
-
-
-def _dead_letter(run_id: str, value: dict[str, Any]) -> DeadLetter:
-    return DeadLetter(run_id, value.get("payload"), value.get("state"),
-                      int(value.get("attempts", 0)), _recorded_claim(value.get("claim")))

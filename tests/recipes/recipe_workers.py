@@ -182,11 +182,11 @@ def candidate(args: dict[str, Any]) -> None:
 def exporter(args: dict[str, Any]) -> None:
     """Export partitions p00..pNN to a FencedDirectory, slowly, reporting each step."""
     import queen_sync as qs
-    from queen_sync.recipes.fenced_export import FencedDirectory, FencedExport
+    from queen_sync.recipes.fenced_export import FencedExport
 
     report = _Reporter(args["events"], args["me"])
     q = qs.Queen(args["url"])
-    export = FencedExport(q, args["name"], FencedDirectory(args["out"]), ttl=args["ttl"],
+    export = FencedExport(q, args["name"], _export_sink(q, args), ttl=args["ttl"],
                           wait=args.get("wait", 0))
 
     def produce(partition: str) -> str:
@@ -202,6 +202,18 @@ def exporter(args: dict[str, Any]) -> None:
         return
     report("finished", written=result.written, skipped=result.skipped, tokens=result.tokens,
            acquired=result.acquired)
+
+
+def _export_sink(q: Any, args: dict[str, Any]) -> Any:
+    """The exporter's sink: a table of its own when given ``table`` (and ``dsn``), else a
+    directory."""
+    from queen_sync.recipes.fenced_export import FencedDirectory, FencedTable
+
+    if "table" in args:
+        import psycopg
+
+        return FencedTable(q, psycopg.connect(args["dsn"]), args["table"])
+    return FencedDirectory(args["out"])
 
 
 def export_lock_token(q: Any, name: str) -> Optional[int]:
@@ -260,8 +272,23 @@ def stale_claimer(args: dict[str, Any]) -> None:
         time.sleep(600)
 
 
-ROLES = {"candidate": candidate, "exporter": exporter, "queue_worker": queue_worker,
-         "stale_claimer": stale_claimer}
+def observer(args: dict[str, Any]) -> None:
+    """Never campaign: report each new term of the election that ``observe`` sees."""
+    import queen_sync as qs
+    from queen_sync.recipes.leader_election import observe
+
+    report = _Reporter(args["events"], args["me"])
+    q = qs.Queen(args["url"])
+    observe(q, args["name"], every=args["every"],
+            on_new_leader=lambda leader: report("leader", identity=leader.identity,
+                                                token=leader.token))
+    report("started")
+    while True:
+        time.sleep(1)
+
+
+ROLES = {"candidate": candidate, "observer": observer, "exporter": exporter,
+         "queue_worker": queue_worker, "stale_claimer": stale_claimer}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](json.loads(sys.argv[2]))

@@ -124,6 +124,32 @@ class TestTheRecipesUseOnlyThePublicApi:
         assert not any(private.values()), f"recipes reach past the public API: {private}"
 
 
+#: Names every recipe module may bind for itself: its logger and its export list.
+_OWN_NAMES = {"log", "__all__"}
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names - _OWN_NAMES
+
+
+class TestEachHelperIsWrittenOnce:
+    def test_no_two_recipe_modules_define_the_same_top_level_name(self) -> None:
+        defined: dict[str, list[str]] = {}
+        for path in sorted(RECIPES.glob("*.py")):
+            for name in _top_level_names(path):
+                defined.setdefault(name, []).append(path.name)
+        twice = {name: files for name, files in defined.items() if len(files) > 1}
+
+        assert not twice, f"copied between recipe modules (share one definition): {twice}"
+
+
 class TestFencedDirectory:
     def test_a_lower_token_is_refused_an_equal_one_accepted_and_the_mark_never_rewinds(
             self, tmp_path: Path) -> None:
