@@ -126,6 +126,9 @@ class Lock:
         self._next_renew = float("inf")
         self._last_token: Optional[int] = None
         self._unsure = False  # a renew call failed: it may have applied, minting a token unseen
+        # A permit whose release raised: kept only so release() can be retried. It may have
+        # been given back already, so the handle never counts as holding it.
+        self._unreleased: Optional[tuple[int, Optional[int]]] = None
         self.lost = threading.Event()
         self.lost_reason: Optional[str] = None
         self._handlers: list[Callable[[str], Any]] = getattr(self, "_handlers", [])
@@ -285,6 +288,7 @@ class Lock:
         self._sent_at = sent_at
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
         self._unsure = False
+        self._unreleased = None  # a fresh permit supersedes one whose release raised
         self.lost.clear()  # the same Event object, so a caller's reference stays current
         self.lost_reason = None
         self._holders = ()
@@ -393,29 +397,34 @@ class Lock:
             answer was lost before the resent one arrived.
 
         Raises:
-            EngineError: the engine could not be reached. The lease is then no longer
-                renewed and expires by itself within its TTL; calling ``release()`` again
-                retries with the token kept until then.
+            EngineError: the engine could not be reached. The release may have landed,
+                so the handle no longer holds: it stops renewing, and a lease still held
+                expires by itself within its TTL. Calling ``release()`` again retries with
+                the token; acquiring again asks the engine.
         """
         self._adopt_process()
         with self._io:
             self._client.renewer.unregister(self)
             token, slot = self._token, self._slot
+            counted = token is not None
             if token is None:
-                return False
-            self._token = None
+                if self._unreleased is None:
+                    return False
+                token, slot = self._unreleased  # retrying a release that raised
+            self._token, self._unreleased = None, None
+            if counted:
+                self._client.metrics.held(-1)
             try:
                 released = self._give_back(token, slot)
             except Exception:
-                # Not given back. Often nobody retries (a block's exit), so it is no longer
-                # renewed and expires within its TTL; the token stays for an explicit retry.
-                self._token = token
+                # Given back or not, nobody can tell: holding on would let a later block
+                # skip the engine while another process holds. Not renewed, it expires
+                # within its TTL; the token stays for an explicit retry.
+                self._unreleased = (token, slot)
                 raise
             except BaseException:
-                self._client.metrics.held(-1)
                 self._abandon()  # interrupted mid-call: the engine may still have it
                 raise
-        self._client.metrics.held(-1)
         self._client.metrics.count("released")
         return released
 

@@ -135,8 +135,31 @@ class TestReleaseFailure:
                 lock.release()
             q._engine.call = real  # type: ignore[method-assign]
             assert lock not in q.renewer.held(), "a failed release must stop renewing"
-            assert lock.held, "the token is kept until its deadline, for an explicit retry"
+            assert not lock.held, "a release of unknown outcome must not leave the handle holding"
             assert lock.release() and owners(q, "job") == [], "the retry must give it back"
+
+    def test_a_release_applied_but_unanswered_leaves_no_second_holder(
+        self, sqlite_url: str
+    ) -> None:
+        with qs.Queen(sqlite_url) as q, qs.Queen(sqlite_url) as other:
+            lock = q.lock("job", ttl=60)
+            assert lock.acquire()
+            real = q._engine.call
+
+            def applied_then_lost(route: str, body: Any) -> Any:
+                real(route, body)  # the release commits; its answer never arrives
+                raise qs.EngineUnavailableError("connection lost during COMMIT (simulated)")
+
+            q._engine.call = applied_then_lost  # type: ignore[method-assign]
+            with pytest.raises(qs.EngineUnavailableError):
+                lock.release()
+            q._engine.call = real  # type: ignore[method-assign]
+            rival = other.lock("job", ttl=60)
+            assert rival.acquire(), "setup: the release did commit, so the permit is free"
+            assert not lock.acquire(), (
+                "the first handle believed it still held after a release of unknown outcome: "
+                "two holders")
+            assert not lock.held and rival.held
 
     @pytest.mark.realtime
     def test_a_failed_exit_release_lets_the_lease_expire_by_itself(self) -> None:
