@@ -129,9 +129,9 @@ def _operations(body: Mapping[str, Any], route: str) -> Sequence[Any]:
 def _transaction_ops(body: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
     queue_ops = body.get("operations") or []
     leases = body.get("requiredLeases") or []
-    if queue_ops or leases:
+    if queue_ops or leases or body.get("timers"):
         raise UnsupportedOperationError(
-            "queue pushes, acks and required leases exist only on a Queen broker "
+            "queue pushes, acks, timers and required leases exist only on a Queen broker "
             "(an http:// or https:// URL); the embedded engines run KV-only transactions",
             capability="queue_operations",
         )

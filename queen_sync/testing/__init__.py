@@ -24,6 +24,8 @@ def test_only_one_copy_runs():
   goes on believing it holds it; what it writes in the block must be fenced out.
 - ``broker.assert_no_stale_writes()`` for guarded transactions, and ``TokenLedger``
   for your own sink: fail when a write with a superseded token landed.
+- ``broker.pushed(queue)``, ``broker.acked()``, ``broker.timers(queue)``: the queue
+  riders committed transactions carried (a bundle whose guard lost carried none).
 
 Both brokers answer every route with the semantics of the embedded engine (they
 run it, on an SQLite file), so a test written against one passes against the

@@ -4,7 +4,9 @@
 body to an ``SqliteEngine`` (the embedded semantics, written once) and wrapping
 what it answers or raises in the broker's HTTP envelopes:
 
-- an answer: ``200`` with the answer;
+- an answer: ``200`` with the answer; a transaction's queue riders (pushes, acks,
+  timers) are checked, its KV part runs on the engine, and the riders are recorded
+  (``broker.pushed()``, ``acked()``, ``timers()``) only when that committed;
 - ``RequestError``: ``400 {"error": code, "reason": "invalid_request", "detail": ...}``;
 - ``TypeError`` or ``ValueError``: ``400 {"error": "bad_request", "reason": "invalid_value"}``;
 - ``UnsupportedOperationError``: ``501 {"error": "unsupported_operation", "reason": capability}``
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Ty
 from .._engines.sqlite import SqliteEngine
 from .._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
 from .._ops import LOCKS_NS
+from ._queues import QueueRecord, Riders
 
 if TYPE_CHECKING:
     from .._client import Queen
@@ -193,6 +196,7 @@ class BrokerCore:
         self._engine: Optional[SqliteEngine] = None
         self._mutex = threading.Lock()
         self._guarded: list[tuple[str, int]] = []
+        self.queues = QueueRecord()
 
     @property
     def engine(self) -> SqliteEngine:
@@ -245,9 +249,10 @@ class BrokerCore:
     def _run(self, route: str, body: dict[str, Any]) -> Reply:
         try:
             with self._mutex:
-                answer = self.engine.call(route, body)
-                if route == "transaction" and answer.get("success"):
-                    self._guarded.extend(_guards(body))
+                if route == "transaction":
+                    answer = self._transaction(body)
+                else:
+                    answer = self.engine.call(route, body)
         except RequestError as exc:
             return envelope(400, exc.code, "invalid_request", str(exc))
         except (TypeError, ValueError) as exc:
@@ -260,6 +265,25 @@ class BrokerCore:
             log.exception("test broker: %s call failed", route)
             return envelope(500, "internal", type(exc).__name__, str(exc))
         return json_reply(200, answer)
+
+    def _transaction(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The KV part on the engine; the queue riders recorded only if it committed.
+
+        Both happen under the broker's mutex, so no reader sees one without the other.
+        """
+        riders = Riders.read(body)
+        answer = self.engine.call("transaction", riders.kv_body)
+        if not answer.get("success"):
+            if riders.present and isinstance(answer.get("failedIndex"), int):
+                answer["failedIndex"] += riders.before_kv
+            return answer
+        self._guarded.extend(_guards(body))
+        if riders.present:
+            # One flat list, as the broker answers: operations, then the kv rider, then timers.
+            operations, timers = self.queues.apply(riders)
+            flat = operations + [dict(r) for r in answer.get("kv", [])] + timers
+            answer["results"] = [{**r, "index": i} for i, r in enumerate(flat)]
+        return answer
 
     def expire(self, name: str, token: int) -> bool:
         """End the permit of ``name`` at ``token`` now, as if its lease had run out."""
@@ -377,3 +401,19 @@ class BrokerTools(abc.ABC):
     def assert_no_stale_writes(self) -> None:
         """Fail if a guarded transaction committed with a token older than one already seen."""
         self.core.assert_no_stale_writes()
+
+    def pushed(self, queue: Optional[str] = None) -> list[dict[str, Any]]:
+        """The messages committed transactions pushed (to ``queue``, when given), in order.
+
+        Each is the item as sent: ``queue``, ``payload``, ``transactionId``, and
+        ``partition``/``traceId`` when given. A bundle that did not commit pushed nothing.
+        """
+        return self.core.queues.pushed(queue)
+
+    def acked(self) -> list[dict[str, Any]]:
+        """The acks committed transactions carried, in order, as sent."""
+        return self.core.queues.acked()
+
+    def timers(self, queue: Optional[str] = None) -> list[dict[str, Any]]:
+        """The timers scheduled and not cancelled (of ``queue``, when given), as sent."""
+        return self.core.queues.timers(queue)

@@ -153,8 +153,10 @@ class TestErrorsFromTheBroker:
             409, "kv_conflict", "cluster_moving", "try later"), repr(err)
 
     def test_queue_ops_on_a_broker_without_queues_raise_unsupported_operation(
-        self, q: qs.Queen
+        self, q: qs.Queen, broker: FakeBroker
     ) -> None:
+        broker.faults.fail_next(1, status=501, body=b'{"error": "unsupported_operation", '
+                                b'"reason": "queue_operations", "detail": "no queues here"}')
         with pytest.raises(qs.UnsupportedOperationError) as caught:
             q._call_transaction({"operations": [{"type": "push", "items": []}],
                                  "requiredLeases": [], "kv": []})
