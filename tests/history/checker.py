@@ -106,8 +106,9 @@ class History:
 def from_records(records: Iterable[dict[str, Any]], kills: dict[str, list[float]]) -> History:
     """Sections, guarded writes, token observations and findings from the workers' records.
 
-    A section without an ``exit`` ends at its worker's first kill after it began,
-    else at its last record (the worker stopped recording: that is a finding too).
+    A section without an ``exit`` ends at its worker's first kill after it began, or at
+    the next section its thread entered, whichever comes first, else at its last record
+    (the worker stopped recording: that is a finding too).
     """
     history = History()
     enters: dict[str, dict[str, Any]] = {}
@@ -134,9 +135,21 @@ def from_records(records: Iterable[dict[str, Any]], kills: dict[str, list[float]
         elif kind == "fork" and r["inherited"]:
             history.findings.append(Violation(
                 "fork_inherited", f"forked child {r['pid']} believed it held its parent's lease"))
+    starts: dict[str, list[float]] = {}
     for sec, enter in enters.items():
-        history.sections.append(_section(enter, exits.get(sec), kills, last_seen))
+        starts.setdefault(_thread_of(sec), []).append(enter["t"])
+    for sec, enter in enters.items():
+        later = [t for t in starts[_thread_of(sec)] if t > enter["t"]]
+        kills_or_next = {w: [*ts, *later] for w, ts in kills.items()} if later else kills
+        if later and enter["w"] not in kills_or_next:
+            kills_or_next = {**kills_or_next, enter["w"]: later}
+        history.sections.append(_section(enter, exits.get(sec), kills_or_next, last_seen))
     return history
+
+
+def _thread_of(sec: str) -> str:
+    """``worker/pid/thread/count`` -> ``worker/pid/thread``: sections of one thread never nest."""
+    return sec.rsplit("/", 1)[0]
 
 
 def _section(enter: dict[str, Any], exit_: Optional[dict[str, Any]],

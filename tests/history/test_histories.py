@@ -119,6 +119,23 @@ class TestTheCheckerFindsEachViolation:
         assert {v.rule for v in history.findings} == {"worker_error", "fork_inherited"}, (
             f"worker findings were not carried over: {history.findings}")
 
+    def test_a_section_left_without_its_exit_record_ends_where_its_thread_entered_the_next(
+        self,
+    ) -> None:
+        records = [
+            {"k": "enter", "sec": "w1/7/3/1", "w": "w1", "name": "n", "token": None, "t": 1.0,
+             "pid": 7},
+            {"k": "enter", "sec": "w1/7/3/2", "w": "w1", "name": "n", "token": 5, "t": 2.0,
+             "pid": 7},
+            {"k": "exit", "sec": "w1/7/3/2", "w": "w1", "lost": False, "t": 2.5, "pid": 7},
+            {"k": "enter", "sec": "w1/7/4/1", "w": "w1", "name": "n", "token": 6, "t": 1.5,
+             "pid": 7},
+        ]
+        history = checker.from_records(records, {"w1": [9.0]})
+        ends = {s.sec: s.end for s in history.sections}
+        assert ends["w1/7/3/1"] == 2.0, f"it should end where its thread went on: {ends}"
+        assert ends["w1/7/4/1"] == 9.0, f"another thread's section is not cut short: {ends}"
+
     @settings(max_examples=60, deadline=None)
     @given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.0, 1.0), st.integers(1, 5),
                               st.booleans()), min_size=1, max_size=25))

@@ -172,9 +172,11 @@ def section(ctx: Ctx, lock: Optional[qs.Lock], name: str, token: Optional[int],
             owner: str) -> Iterator[str]:
     """Record a critical section from here to the end of the block (inside the hold)."""
     sec = ctx.new_section()
-    ctx.rec.emit("enter", sec=sec, w=ctx.worker, name=name, token=token, owner=owner)
     told = False
     try:
+        # Inside the try: a loss the library raises asynchronously (a singleton job's
+        # on_lost="interrupt") may land during this very record, and must still close it.
+        ctx.rec.emit("enter", sec=sec, w=ctx.worker, name=name, token=token, owner=owner)
         yield sec
     except (qs.LockLostError, KeyboardInterrupt):
         told = True  # the library (or queen-sync's SIGTERM) interrupted the body with the loss
