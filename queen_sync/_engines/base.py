@@ -120,17 +120,34 @@ def parse_timeout(timeout: Any, default: tuple[float, float]) -> tuple[float, fl
 _SECRET_PARAMS = frozenset({"password", "sslpassword", "token", "bearer_token"})
 
 
+def split_userinfo(url: str) -> tuple[str, str, str, str]:
+    """``url`` as ``(scheme://, userinfo, "@" or "", rest)``, cut where libpq cuts it.
+
+    libpq ends the userinfo at the first ``@``, unless a ``/`` comes before any ``@``
+    (then there is none); ``?`` and ``#`` are data in a password. Reading it any other
+    way would show a password holding them, or hand libpq a different address.
+    """
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return "", "", "", url
+    ends = [i for i in (rest.find("@"), rest.find("/")) if i >= 0]
+    if not ends or rest[min(ends)] != "@":
+        return head + sep, "", "", rest
+    at = min(ends)
+    return head + sep, rest[:at], "@", rest[at + 1:]
+
+
 def redact_url(url: str) -> str:
     """``url`` with any password (in the address or the query) replaced, for logs and reprs.
 
-    Works on the address as text, so several ``host:port`` pairs are fine.
+    Everything else is kept as written (several ``host:port`` pairs, escapes, ``#``).
     """
-    from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+    from urllib.parse import unquote
 
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}" if at and ":" in userinfo else parts.netloc
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = "&".join(f"{quote(k)}={'***' if k.lower() in _SECRET_PARAMS else quote(v)}"
-                     for k, v in pairs)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    prefix, userinfo, at, rest = split_userinfo(url)
+    user, colon, _ = userinfo.partition(":")
+    address, mark, query = rest.partition("?")
+    shown = [f"{field.partition('=')[0]}=***"
+             if unquote(field.partition("=")[0]).lower() in _SECRET_PARAMS else field
+             for field in query.split("&")] if mark else []
+    return prefix + user + (":***" if colon else "") + at + address + mark + "&".join(shown)

@@ -28,6 +28,7 @@ from queen_sync._engines.embedded import kv_footprint, lock_footprint
 from queen_sync._engines.postgres import engine as _postgres
 from queen_sync._engines.postgres import pool as _postgres_pool
 from queen_sync._engines.postgres import storage as _postgres_storage
+from queen_sync._engines.postgres import url as _postgres_url
 from queen_sync._engines.postgres.engine import PostgresEngine
 from queen_sync._engines.postgres.one_trip import GuardedTxn
 from queen_sync._engines.storage import Footprint
@@ -81,7 +82,7 @@ class TestUrlsAndSecrets:
         assert "***" in engine.url and "schema=t_" in engine.url, engine.url
 
     def test_several_hosts_and_a_password_in_the_query_are_redacted(self) -> None:
-        public = _postgres.public_url(
+        public = _postgres_url.public_url(
             "postgresql://app:s3cr3t@h1:5432,h2:5433/db?password=qu3ry&sslmode=disable")
         assert "s3cr3t" not in public and "qu3ry" not in public, public
         assert "h1:5432,h2:5433" in public and "sslmode=disable" in public, public
@@ -105,6 +106,17 @@ class TestUrlsAndSecrets:
     def test_a_timeout_pair_sets_connecting_and_calling_apart(self, url: str) -> None:
         with contextlib.closing(PostgresEngine(url, timeout=(3, 7))) as engine:
             assert engine.storage.call_timeout == 7, engine.storage.call_timeout
+
+    def test_the_constructor_honours_the_urls_own_options_as_from_url_does(
+            self, base_url: str) -> None:
+        url = base_url + "?schema=from_url&timeout=3&pool_max_size=2"
+        with contextlib.closing(PostgresEngine(url)) as engine:
+            assert engine.storage.sql.schema == "from_url", f"?schema= was ignored: {engine.url}"
+            assert engine.storage.call_timeout == 3, engine.storage.call_timeout
+            assert engine.storage.sessions._sizes == (1, 2), engine.storage.sessions._sizes
+            assert "schema=from_url" in engine.url, engine.url
+        with contextlib.closing(PostgresEngine(url, schema="chosen")) as engine:
+            assert engine.storage.sql.schema == "chosen", "an explicit schema must win"
 
     def test_an_explicit_option_wins_over_the_url(self, base_url: str) -> None:
         engine = PostgresEngine.from_url(base_url + "?schema=abc", schema="other")

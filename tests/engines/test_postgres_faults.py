@@ -9,10 +9,12 @@ process judges everything.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -258,6 +260,18 @@ class TestStalledServer:
             assert q.locks.get("x")["held"] is False, "no recovery after the server resumed"
 
 
+    def test_a_connection_closed_at_its_deadline_goes_back_to_the_pool_without_a_warning(
+            self, server: PgServer, caplog: pytest.LogCaptureFixture) -> None:
+        with qs.Queen(server.url, timeout=0.5, renew_thread=False) as q:
+            assert q.locks.get("x") is not None
+            caplog.set_level(logging.INFO)
+            with frozen(server), pytest.raises(qs.EngineUnavailableError):
+                q.locks.get("x")
+            assert q.locks.get("x")["held"] is False, "no recovery after the server resumed"
+        loud = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+                if r.levelno >= logging.WARNING]
+        assert not loud, f"a deadline that did its job was logged as a warning: {loud}"
+
     def test_waiting_for_a_release_on_a_frozen_server_falls_back_to_polling_in_time(
             self, server: PgServer) -> None:
         with qs.Queen(server.url, timeout=1, renew_thread=False) as q, frozen(server):
@@ -266,6 +280,41 @@ class TestStalledServer:
                 took = time.monotonic() - started
                 assert waiter.wait(0.05) is False, "woken with nothing released"
         assert took < 1.4, f"subscribing blocked {took:.1f}s against a 1s timeout"
+
+
+@contextlib.contextmanager
+def mute_listener() -> Iterator[int]:
+    """A port that accepts connections and never says a word: a handshake that stalls."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+class TestStalledHandshake:
+    @pytest.mark.parametrize("timeout", [0.3, (0.3, 0.3), (5, 0.3)])
+    def test_a_server_that_never_completes_the_handshake_holds_no_call_past_its_timeout(
+            self, timeout: Any) -> None:
+        with mute_listener() as port, qs.Queen(f"postgresql://u:pw@127.0.0.1:{port}/db",
+                                                timeout=timeout, renew_thread=False) as q:
+            for attempt in range(3):  # the first migrates; later ones connect around the pool
+                started = time.monotonic()
+                with pytest.raises(qs.EngineUnavailableError) as caught:
+                    q.locks.get("x")
+                took = time.monotonic() - started
+                assert took < 0.8, f"call {attempt} took {took:.2f}s against a 0.3s timeout"
+                assert "0.3s" in str(caught.value), f"the timeout is not named: {caught.value}"
 
 
 def test_a_lost_connection_is_retried_once_then_reported(server: PgServer) -> None:

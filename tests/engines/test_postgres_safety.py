@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import threading
 import time
 from typing import Any, Iterator
 
@@ -105,3 +107,69 @@ def test_a_statement_timeout_names_itself_and_the_body_size() -> None:
     error = translate(exc, "db", operations=20_000)
     assert not isinstance(error, qs.EngineUnavailableError), error
     assert "statement_timeout" in str(error) and "20000 operations" in str(error), error
+
+
+@contextlib.contextmanager
+def names_held_off(server: PgServer, engine: Any, names: list[str],
+                   for_seconds: float = 0.0) -> Iterator[None]:
+    """Another session holds these names' entity locks (for a while, or until the block ends)."""
+    from queen_sync._engines.postgres.txn import entity_key
+
+    blocker = psycopg.connect(server.url)
+    for name in names:
+        blocker.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                        (engine.storage.sql.lock_class, entity_key("L" + name)))
+    timer = threading.Timer(for_seconds, blocker.rollback) if for_seconds else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.join()
+        blocker.rollback()
+        blocker.close()
+
+
+class TestBodiesOfManyParts:
+    """A locks body past 256 operations runs in parts, yet is one call with one deadline."""
+
+    SIZE = 400
+
+    @pytest.fixture
+    def engine(self, server: PgServer) -> Iterator[Any]:
+        from queen_sync._engines.postgres.engine import PostgresEngine
+
+        engine = PostgresEngine.from_url(f"{server.url}?schema=t_{secrets.token_hex(6)}",
+                                         timeout=1)
+        engine.call("locks", {"operations": [{"op": "get", "name": "warm"}]})
+        yield engine
+        engine.close()
+
+    def _acquires(self) -> list[dict[str, Any]]:
+        return [{"op": "acquire", "name": f"part-{i}", "ttlSeconds": 60, "owner": "parts:1:a"}
+                for i in range(self.SIZE)]
+
+    def test_the_whole_body_is_bounded_by_one_timeout_whatever_each_part_takes(
+            self, server: PgServer, engine: Any) -> None:
+        with names_held_off(server, engine, ["part-0"], for_seconds=0.7), \
+                names_held_off(server, engine, ["part-300"]):
+            started = time.monotonic()
+            with pytest.raises(qs.EngineUnavailableError):
+                engine.call("locks", {"operations": self._acquires()})
+            took = time.monotonic() - started
+        assert took < 1.4, f"a body of {self.SIZE} operations took {took:.2f}s against 1s"
+
+    def test_a_part_that_fails_names_the_body_what_was_applied_and_a_safe_resend(
+            self, server: PgServer, engine: Any) -> None:
+        ops = self._acquires()
+        with names_held_off(server, engine, ["part-300"]), pytest.raises(qs.QueenError) as caught:
+            engine.call("locks", {"operations": ops})
+        shown = str(caught.value)
+        assert f"a body of {self.SIZE} operations" in shown, shown
+        assert "144 operations" not in shown, f"the part's size is not the caller's: {shown}"
+        assert f"256 of {self.SIZE} operations were applied" in shown, shown
+        assert "resending the body as the same owner is safe" in shown, shown
+        again = engine.call("locks", {"operations": ops})["results"]
+        assert all(r.get("already") for r in again[:256]), "the applied part was not answered again"
+        assert all(r["acquired"] and not r.get("already") for r in again[256:]), again[256:]

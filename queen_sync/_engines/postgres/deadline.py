@@ -15,7 +15,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import psycopg
 
@@ -113,3 +113,49 @@ class Watchdog:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
+
+
+def connect_within(connect: Callable[[], psycopg.Connection[Any]],
+                   deadline: float) -> psycopg.Connection[Any]:
+    """``connect()``, given up on at ``deadline`` (``time.monotonic()`` seconds).
+
+    A handshake has no connection to watch yet, and libpq waits at least 2 s for one,
+    so the attempt runs in a thread of its own and the caller stops waiting at the
+    deadline; a connection that arrives after that is closed by that thread.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+    mutex = threading.Lock()
+
+    def attempt() -> None:
+        try:
+            made: Any = connect()
+        except Exception as exc:  # handed to the caller, or logged once it has left
+            made = exc
+        with mutex:
+            outcome.append(made)
+            abandoned = done.is_set()
+            done.set()
+        if abandoned:
+            _dispose(made)
+
+    threading.Thread(target=attempt, daemon=True, name="queen_sync-pg-connect").start()
+    done.wait(max(0.0, deadline - time.monotonic()))
+    with mutex:
+        if not outcome:
+            done.set()  # the attempt sees this and closes whatever it makes
+            raise psycopg.errors.ConnectionTimeout(
+                "the server did not complete the connection handshake by the call's deadline")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    conn: psycopg.Connection[Any] = outcome[0]
+    return conn
+
+
+def _dispose(made: Any) -> None:
+    """What a connection attempt left after its caller stopped waiting."""
+    if isinstance(made, Exception):
+        log.debug("a PostgreSQL connection attempt given up on failed: %s",
+                  type(made).__name__)
+    else:
+        made.close()

@@ -28,106 +28,48 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import re
 import threading
 from typing import Any, Iterator, Mapping, Optional
-from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ..._errors import LockLostError, RequestError
+from ..._errors import LockLostError, QueenError, RequestError
 from ..._ops import LOCKS_NS, check_lock_op, permit_key
-from ..base import Capabilities, Engine, Waiter, parse_timeout, redact_url
+from ..base import Capabilities, Engine, Waiter, parse_timeout
 from ..embedded import EmbeddedSemantics
 
 try:
     import psycopg
-    import psycopg.conninfo
     from psycopg.pq import TransactionStatus
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL engine needs psycopg 3 and psycopg_pool: "
         "pip install 'queen-sync[postgres]'") from exc
 
-from .errors import detail_of, secrets_of, translate
+from .errors import secrets_of, translate
 from .listen import Listener
-from .storage import PostgresStorage
+from .storage import PartsOfOneBody, PostgresStorage
+from .url import DEFAULT_SCHEMA, build_conninfo, engine_url, split_url
 
 log = logging.getLogger("queen_sync")
 
-DEFAULT_SCHEMA = "queen_sync"
 DEFAULT_TIMEOUT = (10.0, 10.0)  # seconds to connect, and per call
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
 _LISTEN_READY_WAIT = 2.0
 # Lock operations per transaction: far below the lock table of any server (64 entries per
 # connection by default), yet enough that a renewal pass costs few round trips.
 LOCKS_PER_TRANSACTION = 256
 
 
-def public_url(url: str) -> str:
-    """``url`` without its password (in the address or the query), safe to print and log."""
-    return redact_url(url)
-
-
-def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The libpq URL and this engine's own query options, taken out of it.
-
-    libpq's options stay exactly as written: decoding and encoding them again would
-    turn a ``%20`` into a ``+``, which libpq reads as a plus sign.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # e.g. an unbalanced '[' in the address
-        raise RequestError(f"not a valid URL ({exc})", code="bad_url") from None
-    if parts.scheme.lower() not in ("postgresql", "postgres"):
-        raise RequestError(f"not a PostgreSQL URL: {public_url(url)}", code="bad_url")
-    ours: dict[str, str] = {}
-    theirs = []
-    for field in filter(None, parts.query.split("&")):
-        key = unquote(field.partition("=")[0])
-        if key in _OWN_QUERY:
-            ours[key] = unquote(field.partition("=")[2])
-        else:
-            theirs.append(field)
-    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(theirs), ""))
-    return libpq, ours
-
-
-def _engine_url(libpq_url: str, schema: str) -> str:
-    url = public_url(libpq_url)
-    if schema != DEFAULT_SCHEMA:
-        url += ("&" if "?" in url else "?") + f"schema={schema}"
-    return url
-
-
-def _session_options(existing: Optional[str], call_timeout: float) -> str:
-    """Server settings for our sessions: no statement or lock wait outlives the call timeout.
-
-    The user's own ``options`` come last, so a setting they chose wins over ours.
-    """
-    ms = int(call_timeout * 1000)
-    ours = (f"-c statement_timeout={ms} -c lock_timeout={ms} "
-            f"-c idle_in_transaction_session_timeout={max(ms, 5000)}")
-    return f"{ours} {existing}" if existing else ours
-
-
-def build_conninfo(libpq_url: str, connect_timeout: float, call_timeout: float,
-                   where: str, secrets: frozenset[str] = frozenset()) -> str:
-    """A libpq connection string with this engine's defaults added to the user's settings."""
-    try:
-        params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(libpq_url)
-    except psycopg.Error as exc:
-        raise RequestError(f"bad PostgreSQL URL {where}: {detail_of(exc, secrets)}",
-                           code="bad_url") from exc
-    except UnicodeDecodeError:  # the exception holds the raw bytes: it is not chained
-        raise RequestError(f"bad PostgreSQL URL {where}: a percent-escape decodes to bytes "
-                           "that are not UTF-8", code="bad_url") from None
-    params.setdefault("application_name", "queen_sync")
-    params.setdefault("connect_timeout", str(max(1, math.ceil(connect_timeout))))
-    params.setdefault("tcp_user_timeout", str(int(call_timeout * 1000)))
-    params.setdefault("keepalives_idle", "30")
-    params["options"] = _session_options(params.get("options"), call_timeout)
-    return psycopg.conninfo.make_conninfo(**params)
+def _url_options(query: dict[str, str]) -> dict[str, Any]:
+    """This engine's options written in a URL's query, as the types they stand for."""
+    conversions = {"schema": str, "timeout": float, "pool_min_size": int, "pool_max_size": int}
+    options: dict[str, Any] = {}
+    for key, value in query.items():
+        try:
+            options[key] = conversions[key](value)
+        except ValueError as exc:
+            raise RequestError(f"bad {key}={value!r} in the URL", code="bad_url") from exc
+    return options
 
 
 class PostgresEngine(Engine):
@@ -137,6 +79,8 @@ class PostgresEngine(Engine):
         url: ``postgresql://user[:password]@host[:port][,host2...]/db[?options]``.
         schema: the schema to keep rows in (created on first use).
         timeout: seconds per call and to connect, or a ``(connect, call)`` pair.
+
+    Options left out (None) come from the URL's query (``?schema=``, ...), else defaults.
         pool_min_size: connections kept open (shared by the caller and the renewer).
         pool_max_size: connections the pool may open.
     """
@@ -145,23 +89,30 @@ class PostgresEngine(Engine):
     capabilities = Capabilities(multi_host=True, wake_on_release=True, user_table_fencing=True)
     OPTIONS = frozenset({"timeout", "schema", "pool_min_size", "pool_max_size"})
 
-    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA, timeout: Any = None,
-                 pool_min_size: int = 1, pool_max_size: int = 8) -> None:
+    def __init__(self, url: str, *, schema: Optional[str] = None, timeout: Any = None,
+                 pool_min_size: Optional[int] = None,
+                 pool_max_size: Optional[int] = None) -> None:
+        libpq_url, query = split_url(url)
+        # The URL's own options apply whichever way the engine is made; explicit ones win.
+        given = {"schema": schema, "timeout": timeout, "pool_min_size": pool_min_size,
+                 "pool_max_size": pool_max_size}
+        chosen = {**_url_options(query), **{k: v for k, v in given.items() if v is not None}}
+        schema = chosen.get("schema", DEFAULT_SCHEMA)
+        min_size, max_size = chosen.get("pool_min_size", 1), chosen.get("pool_max_size", 8)
         if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
             raise RequestError(
                 f"schema must be 1..63 lowercase letters, digits or '_', not starting with a "
                 f"digit; got {schema!r}", code="bad_url")
-        if not 0 <= pool_min_size <= pool_max_size or pool_max_size < 1:
+        if not 0 <= min_size <= max_size or max_size < 1:
             raise ValueError("need 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1")
-        libpq_url, _ = split_url(url)
-        connect_timeout, call_timeout = parse_timeout(timeout, DEFAULT_TIMEOUT)
-        self._url = _engine_url(libpq_url, schema)
+        connect_timeout, call_timeout = parse_timeout(chosen.get("timeout"), DEFAULT_TIMEOUT)
+        self._url = engine_url(libpq_url, schema)
         self._secrets = secrets_of(url)
         conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url,
                                   self._secrets)
         self.storage = PostgresStorage(conninfo, where=self._url, schema=schema,
                                        timeout=connect_timeout + call_timeout,
-                                       min_size=pool_min_size, max_size=pool_max_size,
+                                       min_size=min_size, max_size=max_size,
                                        secrets=self._secrets, call_timeout=call_timeout)
         self._semantics = EmbeddedSemantics(self.storage)
         self._listener: Optional[Listener] = None
@@ -170,14 +121,6 @@ class PostgresEngine(Engine):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresEngine:
         """The engine for a URL; explicit options win over the URL's query options."""
-        _, query = split_url(url)
-        conversions = {"schema": str, "timeout": float, "pool_min_size": int,
-                       "pool_max_size": int}
-        for key, value in query.items():
-            try:
-                options.setdefault(key, conversions[key](value))
-            except ValueError as exc:
-                raise RequestError(f"bad {key}={value!r} in the URL", code="bad_url") from exc
         return cls(url, **options)
 
     @property
@@ -190,14 +133,15 @@ class PostgresEngine(Engine):
             return self._call_in_chunks(ops)
         return self._call_once(route, body)
 
-    def _call_once(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _call_once(self, route: str, body: Mapping[str, Any],
+                   semantics: Optional[EmbeddedSemantics] = None) -> dict[str, Any]:
         try:
-            return self._semantics.call(route, body)
+            return (semantics or self._semantics).call(route, body)
         except psycopg.Error as exc:  # the storage translates; this catches any it missed
             raise translate(exc, self._url, self._secrets) from exc
 
     def _call_in_chunks(self, ops: list[Any]) -> dict[str, Any]:
-        """A big locks body as several transactions of a bounded size, each with its timeout.
+        """A big locks body as several transactions of a bounded size, within one deadline.
 
         One transaction per body would take a lock-table entry per name and outgrow the
         server's lock table. A locks body's ops are independent on the wire, so each chunk
@@ -208,9 +152,17 @@ class PostgresEngine(Engine):
         for op in ops:
             check_lock_op(op)
         results: list[Any] = []
+        parts = EmbeddedSemantics(PartsOfOneBody(self.storage, len(ops)))
         for start in range(0, len(ops), LOCKS_PER_TRANSACTION):
             chunk = {"operations": ops[start:start + LOCKS_PER_TRANSACTION]}
-            results += self._call_once("locks", chunk)["results"]
+            try:
+                results += self._call_once("locks", chunk, parts)["results"]
+            except QueenError as exc:
+                exc.args = (f"{exc}; {len(results)} of {len(ops)} operations were applied "
+                            "before it (the rest were not, unless the error says the "
+                            "outcome is unknown); resending the body as the same owner "
+                            "is safe",)
+                raise
         return {"results": results}
 
     @contextlib.contextmanager

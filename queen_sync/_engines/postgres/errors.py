@@ -17,6 +17,7 @@ import psycopg
 import psycopg_pool
 
 from ..._errors import EngineError, EngineUnavailableError, QueenError
+from ..base import split_userinfo
 
 MASK = "***"
 
@@ -59,27 +60,39 @@ _TRANSLATIONS: tuple[tuple[type[Exception], type[QueenError], str], ...] = (
 def secrets_of(url: str) -> frozenset[str]:
     """The passwords written in a URL (address and query), as typed and percent-decoded.
 
-    Read as plain text, not parsed, so a URL too malformed to parse still gives them up.
+    Read as plain text, not parsed, so a URL too malformed to parse still gives them up:
+    the password libpq reads (up to the first ``@``), and also the one a person meant when
+    an unescaped ``@`` or ``/`` in it would make libpq misread it (up to the last ``@``).
     """
-    found: set[str] = set()
-    _, scheme_sep, rest = url.partition("://")
-    if scheme_sep:
-        netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
-        userinfo, at, _ = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            found.add(userinfo.split(":", 1)[1])
-    query = url.partition("?")[2].partition("#")[0]
-    found.update(match.group(1) for match in _QUERY_SECRET.finditer(query))
+    _, userinfo, _, rest = split_userinfo(url)
+    found = {userinfo.partition(":")[2]}
+    meant = url.partition("://")[2].rpartition("@")[0]
+    if ":" in meant:
+        found.add(meant.partition(":")[2])
+    for query in (rest.partition("?")[2], url.partition("?")[2].partition("#")[0]):
+        found.update(match.group(1) for match in _QUERY_SECRET.finditer(query))
     found |= {unquote(s) for s in found} | {unquote(s.replace("+", " ")) for s in found}
     return frozenset(s for s in found if s)
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` without these secrets, nor any URL password or ``password=`` fragment."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, MASK)
+    """``text`` without these secrets, nor any URL password or ``password=`` fragment.
+
+    A secret is masked where it stands on its own, not inside a longer word: a password
+    ``a`` must not turn "failed" into "f***iled". What the driver echoes of a password
+    comes quoted or in a URL, so it always stands on its own.
+    """
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = _standing_alone(secret).sub(MASK, text)
     text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     return _FRAGMENT.sub(lambda m: m.group(1) + MASK, text)
+
+
+def _standing_alone(secret: str) -> re.Pattern[str]:
+    """``secret``, where no letter or digit continues it on either side."""
+    start = r"(?<!\w)" if re.match(r"\w", secret[0]) else ""
+    end = r"(?!\w)" if re.match(r"\w", secret[-1]) else ""
+    return re.compile(start + re.escape(secret) + end)
 
 
 def scrub(exc: BaseException, secrets: Iterable[str]) -> None:

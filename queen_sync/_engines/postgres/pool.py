@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from typing import Any, ContextManager, Optional, Protocol, Sequence
 
 import psycopg
@@ -20,7 +21,7 @@ import psycopg_pool
 from psycopg import ClientCursor
 
 from ..._errors import EngineError
-from .deadline import Watch, Watchdog
+from .deadline import Watch, Watchdog, connect_within
 from .errors import detail_of
 from .sql import SCHEMA_VERSION, Statements
 
@@ -37,6 +38,34 @@ class Budget(Protocol):
     deadline: float
 
     def remaining(self) -> float: ...
+
+
+class _Retired(logging.Filter):
+    """Keeps psycopg_pool quiet about the connections this engine closed on purpose.
+
+    A connection shut at its call's deadline must still go back through ``putconn``,
+    the pool's one way to count it out and replace it, and the pool warns about every
+    closed one it gets back; for ours that warning reports a deadline doing its job.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conns: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and args and args[0] in self.conns)
+
+
+_RETIRED = _Retired()
+logging.getLogger("psycopg.pool").addFilter(_RETIRED)
+
+
+def give_back(pool: PgPool, conn: psycopg.Connection[Any]) -> None:
+    """Return a connection to its pool, which replaces it if it is lost (quietly: see above)."""
+    if lost(conn):
+        _RETIRED.conns.add(conn)
+    pool.putconn(conn)
 
 
 def lost(conn: psycopg.Connection[Any]) -> bool:
@@ -72,11 +101,15 @@ class Sessions:
         self._closed = False
         self.connections: list[psycopg.Connection[Any]] = []
 
-    def connect(self, **overrides: Any) -> psycopg.Connection[Any]:
+    def connect(self, deadline: Optional[float] = None,
+                **overrides: Any) -> psycopg.Connection[Any]:
         """A new connection outside the pool (migrations, LISTEN); driver errors propagate.
 
-        They propagate redacted, since the LISTEN thread logs them.
+        They propagate redacted, since the LISTEN thread logs them. With a ``deadline``
+        the handshake is given up on then, however long libpq would wait.
         """
+        if deadline is not None:
+            return connect_within(lambda: self.connect(**overrides), deadline)
         try:
             conn = psycopg.Connection.connect(self._conninfo, autocommit=True,
                                               cursor_factory=ClientCursor, **overrides)
@@ -121,7 +154,7 @@ class Sessions:
 
     def _migrate(self, deadline: float) -> None:
         """Create or upgrade the schema; several processes may race here, so it is serialised."""
-        with self.connect() as conn, self.watchdog.watching(conn, deadline):
+        with self.connect(deadline) as conn, self.watchdog.watching(conn, deadline):
             with contextlib.suppress(psycopg.errors.UndefinedTable), conn.transaction():
                 record = conn.execute(self.sql.schema_version).fetchone()
                 if record is not None and record[0] >= SCHEMA_VERSION:
@@ -144,7 +177,7 @@ class Sessions:
         if hot is not None:
             return hot, pool
         # Connecting here, now, answers at once: a connection, or libpq's reason why not.
-        conn = self.connect(connect_timeout=math.ceil(budget.remaining()))
+        conn = self.connect(budget.deadline, connect_timeout=math.ceil(budget.remaining()))
         try:
             with self.watchdog.watching(conn, budget.deadline):
                 conn.execute(self.sql.prepare)
@@ -176,7 +209,7 @@ class Sessions:
                 if self._hot is None and self._pool is pool:
                     self._hot = conn
                     return
-        pool.putconn(conn)
+        give_back(pool, conn)
 
     def _take_hot(self) -> Optional[psycopg.Connection[Any]]:
         with self._mutex:
@@ -186,7 +219,7 @@ class Sessions:
     def _return_hot(self) -> None:
         hot, pool = self._take_hot(), self._pool
         if hot is not None and pool is not None:
-            pool.putconn(hot)
+            give_back(pool, hot)
 
     @property
     def has_hot(self) -> bool:

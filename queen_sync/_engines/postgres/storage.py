@@ -51,14 +51,17 @@ class Call:
         footprint: what the body touches, as the semantics read it off its operations.
         where: the store's address without secrets, for messages.
         timeout: seconds the whole call may take, every attempt included.
+        whole: the deadline and size of the caller's body, when this is one part of it.
     """
 
-    def __init__(self, footprint: Footprint, where: str, timeout: float) -> None:
+    def __init__(self, footprint: Footprint, where: str, timeout: float,
+                 whole: Optional[tuple[float, int]] = None) -> None:
         self.footprint = footprint
         self.entities = entities_of(footprint)  # grows by what an attempt had to lock late
         self.where = where
         self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.deadline = whole[0] if whole else time.monotonic() + timeout
+        self.operations = whole[1] if whole else footprint.operations  # as the caller sent
         self.reconnected = False
         self.guarded = False  # one attempt at most runs as a GuardedTxn
         self.watch: Optional[Watch] = None  # the connection the current attempt runs on
@@ -68,7 +71,7 @@ class Call:
         return (self.watch is not None and self.watch.fired) or time.monotonic() >= self.deadline
 
     def overrun_error(self, during: str = "") -> EngineUnavailableError:
-        size = self.footprint.operations
+        size = self.operations
         body = f" to a body of {size} operations" if size > 1 else ""
         return EngineUnavailableError(
             f"PostgreSQL at {self.where} did not answer{body} within {self.timeout:g}s "
@@ -100,6 +103,24 @@ def _fetch_one(cur: psycopg.Cursor[Any]) -> Any:
     if record is None:  # pragma: no cover - these queries always return one row
         raise EngineError("PostgreSQL returned no row where one was expected")
     return record
+
+
+class PartsOfOneBody:
+    """``Storage`` for the parts of one caller's body: one deadline, the caller's size.
+
+    So a body run as several transactions is bounded by one timeout, and an error in
+    any part names the body the caller sent, not the part.
+    """
+
+    def __init__(self, storage: PostgresStorage, operations: int) -> None:
+        self._storage = storage
+        self._whole = (time.monotonic() + storage.call_timeout, operations)
+
+    def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], T]) -> T:
+        return self._storage.transaction(footprint, work, self._whole)
+
+    def close(self) -> None:
+        """Nothing of its own to release: the storage it runs on is the client's."""
 
 
 class PostgresStorage:
@@ -144,7 +165,7 @@ class PostgresStorage:
     def _translate(self, call: Call, exc: psycopg.Error) -> QueenError:
         if call.overran():
             return call.overrun_error()
-        return translate(exc, self.where, self.secrets, call.footprint.operations)
+        return translate(exc, self.where, self.secrets, call.operations)
 
     def _checkout(self, call: Call) -> tuple[psycopg.Connection[Any], Optional[PgPool]]:
         try:
@@ -154,9 +175,13 @@ class PostgresStorage:
 
     # ---- transactions --------------------------------------------------------------------
 
-    def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], T]) -> T:
-        """Run ``work`` in one transaction, again on a lost race, all within the call timeout."""
-        call = Call(footprint, self.where, self.call_timeout)
+    def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], T],
+                    whole: Optional[tuple[float, int]] = None) -> T:
+        """Run ``work`` in one transaction, again on a lost race, all within the call timeout.
+
+        ``whole``: the deadline and size of the caller's body when this is one part of it.
+        """
+        call = Call(footprint, self.where, self.call_timeout, whole)
         for _attempt in range(_CONFLICT_RETRIES):
             try:
                 return self._attempt(call, work)
