@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pytest
 import requests
 
 import queen_sync as qs
 import queen_sync.testing as testing
-from queen_sync.testing import FakeBroker, LocalBroker, TokenLedger
+from queen_sync._engines.base import Capabilities, Engine, Waiter
+from queen_sync.testing import FakeBroker, FaultyEngine, LocalBroker, TokenLedger
 
 HOWTO = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "testing.md"
 
@@ -26,7 +29,8 @@ def fake() -> Iterator[FakeBroker]:
 
 class TestThePublicSurface:
     def test_the_module_exports_exactly_the_kit(self) -> None:
-        assert testing.__all__ == ["FakeBroker", "FaultPlan", "LocalBroker", "TokenLedger"]
+        assert testing.__all__ == ["FakeBroker", "FaultPlan", "FaultyEngine", "LocalBroker",
+                                   "TokenLedger"]
         assert testing.__all__ == sorted(testing.__all__), "__all__ is sorted"
 
     def test_importing_queen_sync_does_not_import_requests_or_the_kit(self) -> None:
@@ -179,6 +183,226 @@ class TestPausedHolders:
             fake.assert_no_stale_writes()
 
 
+class EpochClock:
+    """An epoch-seconds clock a test moves by hand, for a broker's or an engine's store."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Recording(Engine):
+    """An engine that answers nothing but notes which of its methods were called."""
+
+    kind = "recording"
+    capabilities = Capabilities(multi_host=True)
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return "recording://here"
+
+    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.seen.append(f"call {route}")
+        return {"results": []}
+
+    @contextlib.contextmanager
+    def subscribe(self, name: str) -> Iterator[Waiter]:
+        self.seen.append(f"subscribe {name}")
+        with super().subscribe(name) as waiter:
+            yield waiter
+
+    def fence(self, conn: Any, *, name: str, slot: int, token: int) -> None:
+        self.seen.append(f"fence {name} {slot} {token}")
+
+    def after_fork(self) -> None:
+        self.seen.append("after_fork")
+
+    def close(self) -> None:
+        self.seen.append("close")
+
+
+@pytest.fixture
+def faulty(tmp_path: Path) -> Iterator[tuple[FaultyEngine, qs.Queen]]:
+    engine = FaultyEngine("sqlite://" + str(tmp_path / "queen.db"))
+    with qs.Queen(engine=engine, renew_thread=False) as q:
+        yield engine, q
+
+
+def runs(q: qs.Queen) -> Any:
+    row = q.kv.get("stats", "runs")
+    return row["value"] if row else None
+
+
+class TestFaultyEngine:
+    def test_a_call_failed_before_it_reaches_the_engine_writes_nothing(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.fail_next(route="kv")
+        with pytest.raises(qs.EngineUnavailableError, match="injected"):
+            q.kv.incr("stats", "runs", forever=True)
+        assert runs(q) is None, "a call failed before the engine must write nothing"
+        assert engine.injected["fail"] == 1 and engine.calls["kv"] == 1, engine.calls
+
+    def test_a_call_failed_after_it_was_applied_has_written_once(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.fail_next(route="kv", applied=True)
+        with pytest.raises(qs.EngineUnavailableError):
+            q.kv.incr("stats", "runs", forever=True)
+        assert runs(q) == 1, "an applied call whose answer was lost has written, once"
+
+    def test_the_given_exception_hits_only_calls_carrying_its_operation(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.fail_next(error=KeyboardInterrupt, op="acquire", applied=True)
+        assert not q.locks.get("job"), "a call without an acquire is left alone"
+        with pytest.raises(KeyboardInterrupt, match="injected"):
+            q.locks.acquire("job", ttl_seconds=30, owner="me")
+        assert q.locks.get("job")["held"], "applied: the acquire landed before the interrupt"
+        assert q.locks.acquire("other", ttl_seconds=30, owner="me"), "the fault was used up"
+
+    def test_an_exception_instance_is_raised_as_given(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        error = qs.StoreReplacedError("replaced (simulated)", path="x.db")
+        engine.fail_next(error=error)
+        with pytest.raises(qs.StoreReplacedError) as caught:
+            q.locks.get("job")
+        assert caught.value is error
+
+    def test_a_delay_answers_correctly_but_late(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.delay_next(seconds=0.15, route="kv")
+        started = time.monotonic()
+        assert q.kv.incr("stats", "runs", forever=True)["value"] == 1
+        assert time.monotonic() - started >= 0.15, "the delay was not applied"
+        assert engine.injected["delay"] == 1
+
+    @pytest.mark.parametrize("applied", [False, True])
+    def test_a_hook_runs_before_the_call_or_after_it_was_applied(
+        self, faulty: tuple[FaultyEngine, qs.Queen], applied: bool
+    ) -> None:
+        engine, q = faulty
+        seen: list[Any] = []
+
+        def look(route: str, body: Mapping[str, Any]) -> None:
+            seen.append(engine.inner.call("kv", {"operations": [
+                {"op": "get", "ns": "stats", "key": "runs"}]})["results"][0].get("value"))
+        engine.hook_next(hook=look, route="kv", op="incr", applied=applied)
+        q.kv.incr("stats", "runs", forever=True)
+        assert seen == ([1] if applied else [None]), f"the hook saw {seen}"
+
+    def test_n_none_hits_every_matching_call_until_cleared(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.fail_next(None, route="kv")
+        for _ in range(3):
+            with pytest.raises(qs.EngineUnavailableError):
+                q.kv.get("stats", "runs")
+        engine.clear()
+        assert runs(q) is None and engine.injected["fail"] == 3, engine.injected
+
+    def test_faults_are_taken_in_order(self, faulty: tuple[FaultyEngine, qs.Queen]) -> None:
+        engine, q = faulty
+        engine.fail_next(error=ValueError).fail_next(error=qs.EngineUnavailableError)
+        with pytest.raises(ValueError):
+            q.kv.get("stats", "runs")
+        with pytest.raises(qs.EngineUnavailableError):
+            q.kv.get("stats", "runs")
+        assert runs(q) is None, "both faults were used up"
+
+    @pytest.mark.parametrize("script, error", [
+        (lambda e: e.fail_next(0), ValueError),
+        (lambda e: e.fail_next("1"), TypeError),
+        (lambda e: e.fail_next(route="queues"), ValueError),
+        (lambda e: e.fail_next(error="boom"), TypeError),
+        (lambda e: e.delay_next(seconds=-1), ValueError),
+        (lambda e: e.hook_next(hook=None), TypeError),
+    ])
+    def test_a_bad_script_is_refused_when_written(
+        self, faulty: tuple[FaultyEngine, qs.Queen], script: Callable[[FaultyEngine], Any],
+        error: type[Exception]
+    ) -> None:
+        engine, q = faulty
+        with pytest.raises(error):
+            script(engine)
+        assert q.kv.incr("stats", "runs", forever=True)["value"] == 1, "nothing was scripted"
+
+    def test_it_forwards_everything_else_to_the_engine_it_wraps(self) -> None:
+        inner = Recording()
+        engine = FaultyEngine(inner)
+        assert (engine.url, engine.kind, engine.capabilities) == (
+            inner.url, inner.kind, inner.capabilities)
+        assert engine.inner is inner and "recording://here" in repr(engine)
+        with engine.subscribe("job") as waiter:
+            assert waiter.wait(0) is False
+        engine.fence(None, name="job", slot=0, token=7)
+        engine.call("locks", {"operations": []})
+        engine.after_fork()
+        engine.close()
+        assert inner.seen == ["subscribe job", "fence job 0 7", "call locks", "after_fork",
+                              "close"], inner.seen
+
+    def test_options_are_refused_with_an_engine_and_a_non_engine_is_refused(self) -> None:
+        with pytest.raises(TypeError, match="URL"):
+            FaultyEngine(Recording(), clock=time.time)
+        with pytest.raises(TypeError, match="Engine"):
+            FaultyEngine(42)  # type: ignore[arg-type]
+
+
+class TestEngineClocks:
+    @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
+    def test_a_lease_expires_when_the_broker_clock_passes_its_ttl(
+        self, kind: Callable[..., Any]
+    ) -> None:
+        clock = EpochClock()
+        with kind(clock=clock) as broker, broker.client(renew_thread=False) as q:
+            assert q.lock("job", ttl=30, auto_renew=False).acquire()
+            clock.advance(29)
+            assert not q.lock("job", ttl=30).acquire(), "the lease ended before its TTL"
+            clock.advance(2)
+            assert q.lock("job", ttl=30).acquire(), "the broker's clock passed the TTL"
+
+    def test_a_key_expires_when_the_broker_clock_passes_its_ttl(self) -> None:
+        clock = EpochClock()
+        with FakeBroker(clock=clock) as broker, broker.client() as q:
+            q.kv.put("app", "k", 1, ttl=10)
+            clock.advance(9)
+            assert q.kv.get("app", "k"), "the key ended before its TTL"
+            clock.advance(2)
+            assert not q.kv.get("app", "k"), "the key outlived its TTL on the broker's clock"
+
+    def test_an_sqlite_engine_built_from_a_url_takes_an_engine_clock(
+        self, tmp_path: Path
+    ) -> None:
+        clock = EpochClock()
+        engine = FaultyEngine("sqlite://" + str(tmp_path / "queen.db"), clock=clock)
+        with qs.Queen(engine=engine, renew_thread=False) as q:
+            assert q.locks.acquire("job", ttl_seconds=30, owner="a")
+            clock.advance(31)
+            assert q.locks.acquire("job", ttl_seconds=30, owner="b"), "the engine clock moved"
+
+    @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
+    def test_a_clock_that_is_not_callable_is_refused(self, kind: Callable[..., Any]) -> None:
+        with pytest.raises(TypeError, match="clock"):
+            kind(clock=5)
+
+
 class TestTokenLedger:
     def test_equal_and_rising_tokens_pass(self) -> None:
         ledger = TokenLedger()
@@ -206,9 +430,9 @@ def howto_samples() -> list[str]:
 
 class TestTheHowTo:
     def test_the_page_has_its_samples(self) -> None:
-        assert len(howto_samples()) == 7, "a sample was added or lost: update this count"
+        assert len(howto_samples()) == 9, "a sample was added or lost: update this count"
 
-    @pytest.mark.parametrize("index", range(7))
+    @pytest.mark.parametrize("index", range(9))
     def test_each_sample_runs(self, index: int) -> None:
         sample = howto_samples()[index]
         exec(compile(sample, f"{HOWTO.name}[{index}]", "exec"), {"__name__": "howto"})

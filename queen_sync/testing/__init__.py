@@ -20,6 +20,11 @@ def test_only_one_copy_runs():
 - ``broker.faults``: fail the next calls with a status, a timeout, a connection
   reset, a refused connection (FakeBroker only) or a delay; or a random share of
   all calls (``chaos``).
+- ``FaultyEngine(engine_or_url)``: any engine (SQLite, PostgreSQL, HTTP) whose next
+  calls fail, stall or run a hook, before they reach it or after they were applied;
+  ``Queen(engine=FaultyEngine(...))``.
+- ``clock=`` on either broker: the epoch-seconds clock its store judges expiry by, so
+  a test moves time past a TTL instead of sleeping.
 - ``broker.paused(lock)``: the holder's lease ends on the broker while its code
   goes on believing it holds it; what it writes in the block must be fenced out.
 - ``broker.assert_no_stale_writes()`` for guarded transactions, and ``TokenLedger``
@@ -40,9 +45,10 @@ from typing import Any, Optional
 
 from ._core import FaultPlan
 from ._fake import FakeBroker
+from ._faulty import FaultyEngine
 from ._local import LocalBroker
 
-__all__ = ["FakeBroker", "FaultPlan", "LocalBroker", "TokenLedger"]
+__all__ = ["FakeBroker", "FaultPlan", "FaultyEngine", "LocalBroker", "TokenLedger"]
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ import os
 import random
 import tempfile
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from .._engines.sqlite import SqliteEngine
 from .._errors import EngineUnavailableError, RequestError, UnsupportedOperationError
@@ -188,8 +189,10 @@ class BrokerCore:
     """The routes, served from one SQLite file through the embedded engine."""
 
     def __init__(self, path: str, *, token: Optional[str] = None,
-                 faults: Optional[FaultPlan] = None) -> None:
+                 faults: Optional[FaultPlan] = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        self.clock = clock
         self.token = token
         self.faults = faults or FaultPlan()
         self.calls: Counter[str] = Counter()
@@ -207,7 +210,7 @@ class BrokerCore:
     def open(self) -> None:
         with self._mutex:
             if self._engine is None:
-                self._engine = SqliteEngine(self.path)
+                self._engine = SqliteEngine(self.path, clock=self.clock)
 
     def close(self) -> None:
         with self._mutex:
@@ -320,13 +323,15 @@ class BrokerTools(abc.ABC):
     """What both test brokers share: a store, faults, a client, a paused holder, the checks."""
 
     def __init__(self, path: Optional[str], *, token: Optional[str], kinds: Sequence[str],
-                 prefix: str) -> None:
+                 prefix: str, clock: Callable[[], float] = time.time) -> None:
+        if not callable(clock):  # refused before a temporary folder exists to leak
+            raise TypeError(f"clock must be a callable returning epoch seconds, got {clock!r}")
         self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
         if path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
             path = os.path.join(self._tmp.name, "broker.db")
         self.faults = FaultPlan(kinds)
-        self._core = BrokerCore(path, token=token, faults=self.faults)
+        self._core = BrokerCore(path, token=token, faults=self.faults, clock=clock)
 
     @property
     @abc.abstractmethod

@@ -7,7 +7,7 @@ the embedded engine on an SQLite file, and calls to any other URL fail.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import requests
 from urllib3.exceptions import MaxRetryError, NewConnectionError
@@ -32,12 +32,15 @@ class FakeBroker(BrokerTools):
         url: the broker URL it answers for (no socket is opened).
         path: the SQLite file behind it; None: a temporary one.
         token: when given, calls must carry ``Authorization: Bearer <token>``.
+        clock: the epoch-seconds clock the store judges expiry by (default
+            ``time.time``); a test advances it past a TTL instead of sleeping.
     """
 
     def __init__(self, url: str = "http://queen.test:6632", *, path: Optional[str] = None,
-                 token: Optional[str] = None) -> None:
+                 token: Optional[str] = None, clock: Callable[[], float] = time.time) -> None:
         self._url = url.rstrip("/")
-        super().__init__(path, token=token, kinds=FAULT_KINDS, prefix="queen-fake-broker-")
+        super().__init__(path, token=token, kinds=FAULT_KINDS, prefix="queen-fake-broker-",
+                         clock=clock)
         self._mock: Any = None
 
     @property

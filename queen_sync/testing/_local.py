@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._core import BrokerCore, BrokerTools, Fault, Reply
 
@@ -136,11 +136,15 @@ class LocalBroker(BrokerTools):
         token: when given, calls must carry ``Authorization: Bearer <token>``.
         tls: a server-side ``ssl.SSLContext``; the broker then serves ``https://``
             (clients trust its certificate with ``verify="ca.pem"``).
+        clock: the epoch-seconds clock the store judges expiry by (default
+            ``time.time``); a test advances it past a TTL instead of sleeping.
     """
 
     def __init__(self, path: Optional[str] = None, *, port: int = 0,
-                 token: Optional[str] = None, tls: Optional[ssl.SSLContext] = None) -> None:
-        super().__init__(path, token=token, kinds=LOCAL_FAULTS, prefix="queen-local-broker-")
+                 token: Optional[str] = None, tls: Optional[ssl.SSLContext] = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(path, token=token, kinds=LOCAL_FAULTS, prefix="queen-local-broker-",
+                         clock=clock)
         self._port = port
         self._tls = tls
         self._server: Optional[_Server] = None

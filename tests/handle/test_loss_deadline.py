@@ -7,14 +7,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import pytest
 from manual_clock import ManualClock
 
 import queen_sync as qs
-from queen_sync._engines.base import Engine
-from queen_sync.testing import LocalBroker
+from queen_sync.testing import FaultyEngine, LocalBroker
 
 TTL = 1.5
 MARGIN = 0.35  # how late after the local deadline the loss may be reported
@@ -75,15 +74,14 @@ class TestAtTheDeadline:
     def test_a_renew_stalled_at_the_broker_is_reported_lost_at_the_deadline(
         self, broker: LocalBroker
     ) -> None:
-        with qs.Queen(broker.url, timeout=10) as q:
+        engine = FaultyEngine(broker.url, timeout=10)
+        with qs.Queen(engine=engine) as q:
             lock = q.lock("job", ttl=TTL)
             assert lock.acquire()
             watch = LossWatch(lock)
             broker.faults.delay_next(seconds=3.0, route="locks")
             answered = threading.Event()
-            real = q._engine.call
-            q._engine.call = lambda route, body: (real(route, body),  # type: ignore[method-assign]
-                                                  answered.set())[0]
+            engine.hook_next(None, hook=lambda route, body: answered.set(), applied=True)
             watch.assert_on_time(watch.deadline(), answered)
             assert answered.wait(4), "the stalled renew never came back"
             time.sleep(0.1)
@@ -156,57 +154,33 @@ class TestManualClock:
     def test_a_late_renew_answer_does_not_revive_a_lease_past_its_deadline(
         self, sqlite_url: str, clock: ManualClock
     ) -> None:
-        with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine, clock=clock, renew_thread=False) as q:
             lock = q.lock("job", ttl=30)
             assert lock.acquire()
-            real = q._engine.call
 
-            def slow(route: str, body: Any) -> Any:
+            def slow(route: str, body: Any) -> None:
                 clock.advance(25)  # the call takes past the deadline
-                return real(route, body)
 
             clock.advance(10.01)
-            q._engine.call = slow  # type: ignore[method-assign]
+            engine.hook_next(None, hook=slow)
             q.renewer.tick()
             assert lock.lost.is_set() and lock.lost_reason == "expired", repr(lock)
             assert not lock.held
-            q._engine.call = real  # type: ignore[method-assign]
+            engine.clear()
             assert not q.locks.get("job"), "the late-renewed permit was not given back"
-
-
-class Replaced(Engine):
-    """A real SQLite engine that starts answering ``StoreReplacedError`` when told."""
-
-    kind = "sqlite"
-
-    def __init__(self, url: str) -> None:
-        from queen_sync._engines import engine_from_url
-
-        self.inner = engine_from_url(url, {})
-        self.replaced = False
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        if self.replaced:
-            raise qs.StoreReplacedError("the store file was replaced (simulated)", path="x.db")
-        return self.inner.call(route, body)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class TestFailuresThatEndIt:
     def test_a_replaced_store_marks_every_lease_of_the_call_lost_at_once(
         self, sqlite_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
     ) -> None:
-        engine = Replaced(sqlite_url)
+        engine = FaultyEngine(sqlite_url)
         with qs.Queen(engine=engine, clock=clock, renew_thread=False) as q:
             locks = [q.lock(f"job-{i}", ttl=30) for i in range(3)]
             assert all(lock.acquire() for lock in locks)
-            engine.replaced = True
+            engine.fail_next(None, error=qs.StoreReplacedError(
+                "the store file was replaced (simulated)", path="x.db"))
             clock.advance(10.01)
             with caplog.at_level(logging.ERROR, logger="queen_sync"):
                 q.renewer.tick()

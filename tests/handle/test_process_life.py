@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import queen_sync as qs
-from queen_sync.testing import LocalBroker
+from queen_sync.testing import FaultyEngine, LocalBroker
 
 
 def owners(q: qs.Queen, name: str) -> list[str]:
@@ -67,23 +67,14 @@ class TestInterrupts:
     def test_an_interrupt_after_the_engine_granted_gives_the_permit_back(
         self, sqlite_url: str
     ) -> None:
-        with qs.Queen(sqlite_url) as q:
-            real = q._engine.call
-            interrupted: list[bool] = []
-
-            def grant_then_interrupt(route: str, body: Any) -> Any:
-                answer = real(route, body)
-                if body.get("operations", [{}])[0].get("op") == "acquire" and not interrupted:
-                    interrupted.append(True)
-                    raise KeyboardInterrupt
-                return answer
-
-            q._engine.call = grant_then_interrupt  # type: ignore[method-assign]
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine) as q:
+            engine.fail_next(error=KeyboardInterrupt, op="acquire", applied=True)
             lock = q.lock("job", ttl=60)
             with pytest.raises(KeyboardInterrupt):
                 lock.acquire()
-            q._engine.call = real  # type: ignore[method-assign]
-            assert interrupted and not lock.held
+            engine.clear()
+            assert engine.injected["fail"] == 1 and not lock.held
             assert owners(q, "job") == [], "the granted permit was not given back"
 
     def test_an_interrupt_inside_a_locked_block_releases(self, sqlite_url: str) -> None:
@@ -97,19 +88,17 @@ class TestReleaseDuringRenew:
     def test_release_waits_for_an_in_flight_renew_and_frees_the_new_token(
         self, sqlite_url: str
     ) -> None:
-        with qs.Queen(sqlite_url) as q:
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine) as q:
             lock = q.lock("job", ttl=60, auto_renew=False)
             assert lock.acquire()
-            real = q._engine.call
             renewing = threading.Event()
 
-            def slow(route: str, body: Any) -> Any:
-                if body.get("operations", [{}])[0].get("op") == "renew":
-                    renewing.set()
-                    time.sleep(0.2)
-                return real(route, body)
+            def slow(route: str, body: Any) -> None:
+                renewing.set()
+                time.sleep(0.2)
 
-            q._engine.call = slow  # type: ignore[method-assign]
+            engine.hook_next(None, hook=slow, op="renew")
             renew = threading.Thread(target=lock.renew)
             renew.start()
             assert renewing.wait(2)
@@ -122,18 +111,14 @@ class TestReleaseFailure:
     def test_a_release_that_could_not_reach_the_engine_stops_renewing_and_can_be_retried(
         self, sqlite_url: str
     ) -> None:
-        with qs.Queen(sqlite_url) as q:
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine) as q:
             lock = q.lock("job", ttl=60)
             assert lock.acquire()
-            real = q._engine.call
-
-            def unreachable(route: str, body: Any) -> Any:
-                raise qs.EngineUnavailableError("down (simulated)")
-
-            q._engine.call = unreachable  # type: ignore[method-assign]
+            engine.fail_next(None, error=qs.EngineUnavailableError("down (simulated)"))
             with pytest.raises(qs.EngineUnavailableError):
                 lock.release()
-            q._engine.call = real  # type: ignore[method-assign]
+            engine.clear()
             assert lock not in q.renewer.held(), "a failed release must stop renewing"
             assert not lock.held, "a release of unknown outcome must not leave the handle holding"
             assert lock.release() and owners(q, "job") == [], "the retry must give it back"
@@ -141,19 +126,16 @@ class TestReleaseFailure:
     def test_a_release_applied_but_unanswered_leaves_no_second_holder(
         self, sqlite_url: str
     ) -> None:
-        with qs.Queen(sqlite_url) as q, qs.Queen(sqlite_url) as other:
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine) as q, qs.Queen(sqlite_url) as other:
             lock = q.lock("job", ttl=60)
             assert lock.acquire()
-            real = q._engine.call
-
-            def applied_then_lost(route: str, body: Any) -> Any:
-                real(route, body)  # the release commits; its answer never arrives
-                raise qs.EngineUnavailableError("connection lost during COMMIT (simulated)")
-
-            q._engine.call = applied_then_lost  # type: ignore[method-assign]
+            # The release commits; its answer never arrives.
+            engine.fail_next(None, applied=True, error=qs.EngineUnavailableError(
+                "connection lost during COMMIT (simulated)"))
             with pytest.raises(qs.EngineUnavailableError):
                 lock.release()
-            q._engine.call = real  # type: ignore[method-assign]
+            engine.clear()
             rival = other.lock("job", ttl=60)
             assert rival.acquire(), "setup: the release did commit, so the permit is free"
             assert not lock.acquire(), (
@@ -176,26 +158,22 @@ class TestReleaseFailure:
             other.close()
 
 
-def gate_acquires(q: qs.Queen) -> tuple[threading.Event, threading.Event]:
-    """Hold every acquire call after the engine granted it until ``release`` is set."""
-    real = q._engine.call
+def gated_client(url: str) -> tuple[qs.Queen, threading.Event, threading.Event]:
+    """A client whose acquire calls, once granted, are held until ``release`` is set."""
+    engine = FaultyEngine(url)
     granted, release = threading.Event(), threading.Event()
 
-    def call(route: str, body: Any) -> Any:
-        answer = real(route, body)
-        if body.get("operations", [{}])[0].get("op") == "acquire":
-            granted.set()
-            release.wait(5)
-        return answer
+    def hold(route: str, body: Any) -> None:
+        granted.set()
+        release.wait(5)
 
-    q._engine.call = call  # type: ignore[method-assign]
-    return granted, release
+    engine.hook_next(None, hook=hold, op="acquire", applied=True)
+    return qs.Queen(engine=engine), granted, release
 
 
 class TestCloseRace:
     def test_close_releases_a_lease_whose_acquire_was_in_flight(self, sqlite_url: str) -> None:
-        q = qs.Queen(sqlite_url)
-        granted, release = gate_acquires(q)
+        q, granted, release = gated_client(sqlite_url)
         lock = q.lock("job", ttl=60)
         taking = threading.Thread(target=lambda: lock.acquire())
         taking.start()
@@ -211,8 +189,7 @@ class TestCloseRace:
         assert not lock.held, f"the handle still believes it holds: {lock!r}"
 
     def test_a_closing_client_refuses_new_acquires(self, sqlite_url: str) -> None:
-        q = qs.Queen(sqlite_url)
-        granted, release = gate_acquires(q)
+        q, granted, release = gated_client(sqlite_url)
         first, second = q.lock("a", ttl=60), q.lock("b", ttl=60)
         taking = threading.Thread(target=lambda: first.acquire())
         taking.start()

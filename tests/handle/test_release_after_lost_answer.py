@@ -8,25 +8,9 @@ import pytest
 from manual_clock import ManualClock
 
 import queen_sync as qs
-from queen_sync.testing import LocalBroker
+from queen_sync.testing import FaultyEngine, LocalBroker
 
 Arrange = Callable[[int], None]
-
-
-class LostAnswers:
-    """Wraps an SQLite client's engine: the next ``n`` lock calls apply, then raise."""
-
-    def __init__(self, q: qs.Queen) -> None:
-        self.left = 0
-        self._real = q._engine.call
-        q._engine.call = self._call  # type: ignore[method-assign]
-
-    def _call(self, route: str, body: Any) -> Any:
-        answer = self._real(route, body)
-        if route == "locks" and self.left > 0:
-            self.left -= 1
-            raise qs.EngineUnavailableError("the answer was lost on the way back (simulated)")
-        return answer
 
 
 @pytest.fixture(params=["sqlite", "http"])
@@ -34,11 +18,12 @@ def lossy(request: pytest.FixtureRequest, tmp_path: Any,
           clock: ManualClock) -> Iterator[tuple[qs.Queen, Arrange]]:
     """A client on a manual clock and a way to lose the answers of its next n lock calls."""
     if request.param == "sqlite":
-        q = qs.Queen("sqlite://" + str(tmp_path / "queen.db"), clock=clock, renew_thread=False)
-        wrapper = LostAnswers(q)
+        engine = FaultyEngine("sqlite://" + str(tmp_path / "queen.db"))
+        q = qs.Queen(engine=engine, clock=clock, renew_thread=False)
 
         def arrange(n: int) -> None:
-            wrapper.left = n
+            engine.fail_next(n, route="locks", applied=True, error=qs.EngineUnavailableError(
+                "the answer was lost on the way back (simulated)"))
         yield q, arrange
         q.close()
         return
