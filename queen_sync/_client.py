@@ -74,8 +74,22 @@ class Locks:
     def get(self, name: str) -> Result:
         return self._one(LockOps.get(name))
 
-    def batch(self, ops: Sequence[Mapping[str, Any]]) -> list[Result]:
-        return self._client._call_locks([dict(op) for op in ops])
+    def batch(self, operations: Sequence[Mapping[str, Any]]) -> list[Result]:
+        """Several ops in one call: one answer per op, in order; each stands on its own."""
+        return self._client._call_locks([dict(op) for op in operations])
+
+    def release_all(self) -> int:
+        """Give back every permit this client's handles hold, best effort.
+
+        A permit that cannot be given back is logged and expires by itself within its TTL.
+        The handles stay usable: each can acquire again.
+
+        Returns:
+            How many handles held a permit.
+        """
+        held = self._client.renewer.held()
+        release_each(held)
+        return len(held)
 
     def _one(self, op: dict[str, Any]) -> Result:
         return self._client._call_locks([op])[0]
@@ -309,20 +323,11 @@ class Queen:
         held = self.renewer.held()
         self.renewer.stop()
         if held:
-            _bounded(lambda: self._release_all(held),
+            _bounded(lambda: release_each(held),
                      max(0.0, timeout - (time.monotonic() - started)))
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
-
-    @staticmethod
-    def _release_all(held: list[Lock]) -> None:
-        for lock in held:
-            try:
-                lock.release()
-            except Exception:
-                log.warning("could not release lock %r at close; it expires by itself",
-                            lock.name, exc_info=True)
 
     def _after_fork_in_child(self) -> None:
         self._acquires = 0  # the parent's threads in flight are not in this process
@@ -394,6 +399,16 @@ class _HandleCaller:
 def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Queen:
     """Same as ``Queen(url, **options)``."""
     return Queen(url, **options)
+
+
+def release_each(held: list[Lock]) -> None:
+    """Release each handle, logging (not raising) a failure: it expires by itself."""
+    for lock in held:
+        try:
+            lock.release()
+        except Exception:
+            log.warning("could not release lock %r; it expires by itself", lock.name,
+                        exc_info=True)
 
 
 def _bounded(work: Callable[[], None], timeout: float) -> None:

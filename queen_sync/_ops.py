@@ -6,7 +6,7 @@ embedded engines run the same checks on what they receive, so a malformed op
 is refused with the same error on every engine, before anything is written.
 
 Names and keys:
-- lock name: 1..256 UTF-8 bytes, no control characters, no ``#``;
+- lock name: 1..256 UTF-8 bytes, no control characters (C0, DEL or C1), no ``#``;
 - owner: 1..256 UTF-8 bytes, no control characters;
 - namespace: 1..128 characters of ``A-Z a-z 0-9 . _ : -``, starting with a letter or digit;
 - key: 1..1024 UTF-8 bytes, no control characters.
@@ -38,7 +38,8 @@ MAX_PREFIX_LIMIT = 1000
 DEFAULT_PREFIX_LIMIT = 100
 MAX_VALUE_DEPTH = 100
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL and the C1 block (U+0080-U+009F), as the broker refuses them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _NS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 LOCK_OPS = frozenset({"acquire", "renew", "release", "get"})
@@ -158,8 +159,7 @@ def _expect(op: Mapping[str, Any], *, mandatory: bool = False) -> None:
         return
     if op["expect"] is None:
         raise ValueError("expect=None is a caller bug: omit expect for an unconditional write")
-    low = 0 if op["op"] == "check" else 1
-    check_int(op["expect"], "expect", low=low)
+    check_int(op["expect"], "expect", low=0)  # 0: the key must be absent
 
 
 def _optional_bool(op: Mapping[str, Any], field: str) -> None:

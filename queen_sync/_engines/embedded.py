@@ -221,27 +221,37 @@ def _candidates(step: _Step, op: Mapping[str, Any]) -> list[tuple[int, Row]]:
     return _permits(step, op["name"])
 
 
+def _renews(row: Row, token: int, owner: Optional[str]) -> bool:
+    """Whether a renew presenting ``token`` (from ``owner``, if it says) renews ``row``.
+
+    The current token renews. The owner's tokens since the one its last renew presented
+    renew too: that renew's answer, or the answer to a resend of it, may never have
+    reached the owner, and a late duplicate may have moved the row past the answer it
+    did adopt. Anyone else's old token is stale.
+    """
+    if token == row.version:
+        return owner in (None, _owner_of(row))
+    floor = row.prev_version
+    return (owner is not None and owner == _owner_of(row) and floor is not None
+            and floor <= token < row.version)
+
+
 def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
-    token, owner = op["token"], op.get("owner")
+    token = op["token"]
     for slot, row in _candidates(step, op):
-        if row.version == token and owner in (None, _owner_of(row)):
+        if _renews(row, token, op.get("owner")):
+            # Renewing always mints, a resend too; what it presented is the owner's floor.
             new = step.txn.next_version()
             step.write(Row(row.ns, row.key, row.value, new, step.expires_at(op), row.created_at,
                            step.now, prev_version=token))
             return {"renewed": True, "slot": slot, "token": new,
                     "guard": guard_op(op["name"], slot, new)}
-        if owner is not None and owner == _owner_of(row) and row.prev_version == token:
-            # The owner resent a renew whose answer it never saw: answer the same permit.
-            step.write(Row(row.ns, row.key, row.value, row.version, step.expires_at(op),
-                           row.created_at, step.now, prev_version=row.prev_version))
-            return {"renewed": True, "slot": slot, "token": row.version,
-                    "guard": guard_op(op["name"], slot, row.version)}
     return {"renewed": False, "reason": "lost", "holders": _holders(_permits(step, op["name"]))}
 
 
 def _release(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     for _slot, row in _candidates(step, op):
-        # The token before the last renew releases too: that renew's answer may never
+        # The token the last renew presented releases too: that renew's answer may never
         # have reached its owner, who would otherwise strand the permit until its TTL.
         if op["token"] in (row.version, row.prev_version):
             step.delete(row.ns, row.key)
@@ -312,6 +322,8 @@ def _lost(reason: str, row: Optional[Row]) -> dict[str, Any]:
 def _expect_fails(op: Mapping[str, Any], row: Optional[Row]) -> Optional[dict[str, Any]]:
     if "expect" not in op:
         return None
+    if op["expect"] == 0:  # "must not exist": the loser is told it exists, as putIfAbsent is
+        return None if row is None else _lost("exists", row)
     if row is None:
         return _lost("absent", None)
     if row.version != op["expect"]:
@@ -332,14 +344,20 @@ def _kv_put(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     lost = _expect_fails(op, row)
     if lost is not None:
         return lost
-    return {"applied": True, "version": _store(step, op, op["value"], row, step.expires_at(op))}
+    return _written(step, op, row)
+
+
+def _written(step: _Step, op: Mapping[str, Any], current: Optional[Row]) -> dict[str, Any]:
+    """Store a put's value; the answer carries it, as the broker's does."""
+    version = _store(step, op, op["value"], current, step.expires_at(op))
+    return {"applied": True, "version": version, "value": op["value"]}
 
 
 def _kv_put_if_absent(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     row = step.live(op["ns"], op["key"])
     if row is not None:
         return _lost("exists", row)
-    return {"applied": True, "version": _store(step, op, op["value"], None, step.expires_at(op))}
+    return _written(step, op, None)
 
 
 def _kv_delete(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
@@ -373,10 +391,10 @@ def _kv_incr(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 
 def _kv_check(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     row = step.live(op["ns"], op["key"])
-    version = row.version if row is not None else 0
-    if version == op["expect"]:
-        return {"applied": True, "version": version}
-    return _lost("absent" if row is None else "version", row)
+    lost = _expect_fails(op, row)
+    if lost is not None:
+        return lost
+    return {"applied": True, "version": row.version if row is not None else 0}
 
 
 _KV_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {

@@ -50,7 +50,7 @@ from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
-from .._handle.lock import Lock, wait_seconds
+from .._handle.lock import Lock, require_arbitration, wait_seconds
 from .._ops import check_name
 from .._results import Result, describe_holders
 
@@ -148,6 +148,9 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
 
     Raises:
         TypeError, ValueError: at decoration, for a bad argument (nothing is sent).
+        UnsupportedOperationError: the client's engine cannot arbitrate a lease (it lacks
+            ``fencing`` or ``engine_clock_expiry``): at decoration when ``client`` is
+            given, else at the call.
     """
     client = _client_argument(client, queen)
     if callable(name) and not isinstance(name, str):
@@ -206,6 +209,8 @@ def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
         raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
     name = spec.name or f"{fn.__module__}.{fn.__qualname__}"
     check_name(name)
+    if spec.client is not None:
+        require_arbitration(spec.client.engine, f"job {name!r}")
     supervisor: Optional[Supervisor] = None
     if spec.supervision is not None:
         from .supervision import Supervisor
@@ -224,6 +229,7 @@ def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Sup
     from .._default import default_client
 
     client = spec.client if spec.client is not None else default_client()
+    require_arbitration(client.engine, f"job {name!r}")
     period = _Period(name, spec.once_per) if spec.once_per is not None else None
     if period is not None and period.done(client):
         return None

@@ -6,7 +6,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .._durations import Duration, expiry_fields
-from .._ops import KvOps
+from .._errors import ProtocolError
+from .._ops import MAX_PREFIX_LIMIT, KvOps, check_int
 
 if TYPE_CHECKING:
     from .._results import Result
@@ -67,7 +68,7 @@ class Kv:
     def _one(self, op: dict[str, Any]) -> Result:
         return self._client.call_kv([op])[0]
 
-    def batch(self, ops: Sequence[dict[str, Any]]) -> list[Result]:
+    def batch(self, operations: Sequence[dict[str, Any]]) -> list[Result]:
         """Send several ops in one call; one answer per op, in order, each with its ``index``.
 
         Ops answer on their own, except that a ``required=True`` write that does not apply
@@ -76,7 +77,7 @@ class Kv:
         ``failedIndex``; every other op answers ``{"index": i, "applied": False,
         "reason": "rolled_back", "failedIndex": k}``.
         """
-        return self._client.call_kv(list(ops))
+        return self._client.call_kv(list(operations))
 
     def get(self, ns: str, key: str) -> Result:
         return self._one(KvOps.get(ns, key))
@@ -89,21 +90,40 @@ class Kv:
         return self._one(KvOps.get_prefix(ns, prefix, after=after, limit=limit,
                                           keys_only=keys_only))
 
-    def list_all(self, ns: str, prefix: str, *, keys_only: bool = False) -> list[dict[str, Any]]:
-        """Every live row under ``prefix``, following ``nextAfter`` page by page."""
+    def list_all(self, ns: str, prefix: str, *, limit: Optional[int] = None,
+                 keys_only: bool = False, max_rows: Optional[int] = None
+                 ) -> list[dict[str, Any]]:
+        """Every live row under ``prefix``, following ``nextAfter`` page by page.
+
+        Each page is its own snapshot, so the whole walk is not one consistent listing.
+
+        Args:
+            limit: rows per page (1..1000; default 1000).
+            max_rows: stop once this many rows are read (at least 1; default: no bound).
+
+        Raises:
+            ProtocolError: a page says it was truncated without a cursor past its rows,
+                which could only be walked by asking for the same page again.
+        """
+        page_size = check_int(limit, "limit", low=1, high=MAX_PREFIX_LIMIT) if limit is not None \
+            else MAX_PREFIX_LIMIT
+        if max_rows is not None:
+            check_int(max_rows, "max_rows", low=1)
         rows: list[dict[str, Any]] = []
         after: Optional[str] = None
-        while True:
-            page = self.get_prefix(ns, prefix, after=after, limit=1000, keys_only=keys_only)
+        while max_rows is None or len(rows) < max_rows:
+            wanted = page_size if max_rows is None else min(page_size, max_rows - len(rows))
+            page = self.get_prefix(ns, prefix, after=after, limit=wanted, keys_only=keys_only)
             rows.extend(page["rows"])
             if not page.get("truncated"):
-                return rows
-            after = page["nextAfter"]
+                break
+            after = _cursor_past(page, after)
+        return rows if max_rows is None else rows[:max_rows]
 
     def put(self, ns: str, key: str, value: Any, *, ttl: Optional[Duration] = None,
             ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
             forever: bool = False, expect: Any = _UNSET, required: bool = False) -> Result:
-        """Write ``value``; with ``expect``, only while the key is at that version."""
+        """Write ``value``; with ``expect``, only while the key is at that version (0: absent)."""
         return self._one(KvOpBuilders.put(ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds,
                                           until=until, forever=forever, expect=expect,
                                           required=required))
@@ -116,8 +136,10 @@ class Kv:
             ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever,
             required=required))
 
-    def delete(self, ns: str, key: str, *, expect: Any = _UNSET) -> Result:
-        return self._one(KvOpBuilders.delete(ns, key, expect=expect))
+    def delete(self, ns: str, key: str, *, expect: Any = _UNSET, required: bool = False
+               ) -> Result:
+        """Delete ``key``; with ``expect``, only while it is at that version (``0``: never)."""
+        return self._one(KvOpBuilders.delete(ns, key, expect=expect, required=required))
 
     def incr(self, ns: str, key: str, *, delta: float = 1, min: Optional[float] = None,
              max: Optional[float] = None, ttl: Optional[Duration] = None,
@@ -128,8 +150,9 @@ class Kv:
             ns, key, delta=delta, min=min, max=max, ttl=ttl, ttl_seconds=ttl_seconds,
             until=until, forever=forever, required=required))
 
-    def check(self, ns: str, key: str, *, expect: int) -> Result:
-        return self._one(KvOps.check(ns, key, expect=expect))
+    def check(self, ns: str, key: str, *, expect: int, required: bool = False) -> Result:
+        """Whether ``key`` is at version ``expect`` (``0``: absent); writes nothing."""
+        return self._one(KvOps.check(ns, key, expect=expect, required=required))
 
     def once(self, ns: str, key: str, *, value: Any = True, ttl: Optional[Duration] = None,
              ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
@@ -137,3 +160,15 @@ class Kv:
         """True the first time ``key`` is claimed within its lifetime, False after."""
         return bool(self.put_if_absent(ns, key, value, ttl=ttl, ttl_seconds=ttl_seconds,
                                        until=until, forever=forever))
+
+
+def _cursor_past(page: Result, after: Optional[str]) -> str:
+    """The truncated page's ``nextAfter``: a key, and not the cursor that asked for this page.
+
+    Only equality is refused: the engine's key order need not be Python's.
+    """
+    cursor = page.get("nextAfter")
+    if not isinstance(cursor, str) or not cursor or cursor == after:
+        raise ProtocolError(f"getPrefix answered truncated with nextAfter {cursor!r} after "
+                            f"{after!r}: there is no page past it to read", route="kv")
+    return cursor

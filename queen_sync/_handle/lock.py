@@ -20,13 +20,21 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from typing_extensions import ParamSpec
 
 from .._durations import Duration, parse_duration, wire_seconds
-from .._errors import LockError, LockLostError, LockNotHeldError, UnsupportedOperationError
+from .._errors import (
+    EngineError,
+    LockError,
+    LockLostError,
+    LockNotHeldError,
+    StoreReplacedError,
+    UnsupportedOperationError,
+)
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
 from .._results import Holder, RunResult, holders_from_wire
 from .interrupts import interrupts_held
 
 if TYPE_CHECKING:
+    from .._engines.base import Engine
     from .caller import Caller
 
 log = logging.getLogger("queen_sync")
@@ -55,6 +63,27 @@ def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:
     except ValueError:  # the block ends in a context other than the one it began in
         old = token.old_value
         _current.set(None if old is contextvars.Token.MISSING else old)
+
+
+# What a lease needs of its engine, and why: without either, two holders' work overlaps.
+_ARBITRATION = {
+    "fencing": "tokens that only rise, and guarded writes atomic with their check",
+    "engine_clock_expiry": "expiry judged by one clock, not by each client's",
+}
+
+
+def require_arbitration(engine: Engine, what: str) -> None:
+    """Refuse an engine that cannot keep two holders apart, naming what it lacks.
+
+    Raises:
+        UnsupportedOperationError: ``engine.capabilities`` lacks ``fencing`` or
+            ``engine_clock_expiry``.
+    """
+    for capability, why in _ARBITRATION.items():
+        if not getattr(engine.capabilities, capability):
+            raise UnsupportedOperationError(
+                f"{what}: the {engine.kind} engine ({engine.url}) lacks {capability} ({why}); "
+                "a lease on it could not keep two holders' work apart", capability=capability)
 
 
 def wait_seconds(wait: Optional[Duration]) -> float:
@@ -149,6 +178,11 @@ class Lock:
         return self._token if self.held else None
 
     @property
+    def ttl_seconds(self) -> int:
+        """The lifetime as the wire carries it: whole seconds, rounded up."""
+        return wire_seconds(self.ttl)
+
+    @property
     def slot(self) -> Optional[int]:
         return self._slot if self._token is not None else None
 
@@ -226,6 +260,7 @@ class Lock:
         """
         budget = self._default_wait if wait is None else wait_seconds(wait)
         self._check_process()
+        require_arbitration(self._client.engine, f"lock {self.name!r}")
         if self.held:
             return True
         supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
@@ -476,6 +511,50 @@ class Lock:
         what = f"was lost ({reason})" if reason else "is not held"
         raise LockLostError(f"lock {self.name!r} {what}", name=self.name, reason=reason,
                             token=self._last_token)
+
+    def verify(self) -> bool:
+        """Re-read the permit durably: True while the engine has it at this owner and token.
+
+        ``held`` and ``check()`` are a local belief; a permit taken away and re-taken by
+        someone else still passes them. Call this once before resuming parked work.
+
+        Returns:
+            True when the engine's permit is this handle's. False when this handle holds
+            nothing, or when the permit is gone or someone else's: the lease is then
+            marked lost (``guard``). When the engine cannot be asked, the local belief
+            (``held``), and a warning is logged.
+        """
+        self._adopt_process()
+        with self._io:  # no renew in flight: the token read here is the one the row should have
+            token, slot = self._token, self._slot
+            if token is None or slot is None or not self.held:
+                return False
+            try:
+                answer = self._client.call_locks([LockOps.get(self.name)])[0]
+            except StoreReplacedError:
+                raise
+            except EngineError as exc:
+                log.warning("could not verify lock %r with the engine (%s); going by the "
+                            "local belief", self.name, exc)
+                return self.held
+            return self._verified(answer, token, slot)
+
+    def _verified(self, answer: dict[str, Any], token: int, slot: int) -> bool:
+        permit = next((h for h in holders_from_wire(answer.get("holders")) if h.slot == slot),
+                      None)
+        mine = permit is not None and permit.owner == self.owner
+        if mine and permit is not None and permit.token == token:
+            return True
+        if mine and permit is not None and self._unsure and permit.token > token:
+            # A renew whose answer was lost moved the row; it was sent after the one the
+            # local deadline counts from, so that deadline still stands for the new token.
+            with self._state:
+                if self._token == token:
+                    self._token = self._last_token = permit.token
+                    self._unsure = False
+            return self.held
+        self.mark_lost("guard")
+        return False
 
     def fence(self, conn: Any) -> None:
         """Assert, inside ``conn``'s open transaction, that this permit is still this token's.

@@ -94,9 +94,48 @@ class TestConditionalWrites:
         assert q.kv.check("app", "k", expect=0), "expect 0 holds while the key is absent"
         put = q.kv.put("app", "k", 1, forever=True)
         assert q.kv.check("app", "k", expect=put["version"])
-        wrong = q.kv.check("app", "k", expect=0)
-        assert not wrong and wrong["reason"] == "version", wrong
+        stale = q.kv.check("app", "k", expect=put["version"] + 100)
+        assert not stale and stale["reason"] == "version", stale
         assert q.kv.get("app", "k")["version"] == put["version"], "check wrote something"
+
+    def test_check_for_absence_on_a_present_key_answers_exists_with_the_row(
+        self, q: qs.Queen
+    ) -> None:
+        put = q.kv.put("app", "k", "here", forever=True)
+        present = q.kv.check("app", "k", expect=0)
+        assert not present and present["reason"] == "exists", (
+            f"'must not exist' lost to a present key: the broker says exists: {present}")
+        assert present["version"] == put["version"] and present["value"] == "here", present
+        absent = q.kv.check("app", "gone", expect=put["version"])
+        assert not absent and absent["reason"] == "absent", absent
+
+    def test_put_and_delete_with_expect_zero_mean_the_key_must_not_exist(
+        self, q: qs.Queen
+    ) -> None:
+        created = q.kv.put("app", "k", "first", forever=True, expect=0)
+        assert created and created["value"] == "first", f"expect 0 creates an absent key: {created}"
+        again = q.kv.put("app", "k", "second", forever=True, expect=0)
+        assert not again and again["reason"] == "exists", again
+        assert again["value"] == "first" and again["version"] == created["version"], again
+        refused = q.kv.delete("app", "k", expect=0)
+        assert not refused and refused["reason"] == "exists", refused
+        assert q.kv.get("app", "k")["value"] == "first", "a lost expect 0 changed the key"
+        absent = q.kv.delete("app", "none", expect=0)
+        assert not absent and absent["reason"] == "absent", f"nothing to delete: {absent}"
+
+    @pytest.mark.parametrize("value", [{"a": [1, None]}, None, "text"])
+    def test_an_applied_put_or_put_if_absent_answers_the_value_it_wrote(
+        self, q: qs.Queen, value: Any
+    ) -> None:
+        created = q.kv.put_if_absent("app", "k", value, forever=True)
+        assert created and created["value"] == value and created["version"] > 0, created
+        updated = q.kv.put("app", "k", [value], forever=True, expect=created["version"])
+        assert updated and updated["value"] == [value], updated
+        assert updated["version"] > created["version"], updated
+        answer = q.transaction().kv.put("app", "t", value, forever=True).commit()
+        (written,) = answer["kv"]
+        assert written["applied"] and written["value"] == value, (
+            f"a bundle's applied put answers its value too: {answer}")
 
     def test_write_versions_and_lock_tokens_share_one_rising_counter(self, q: qs.Queen) -> None:
         lock = q.locks.acquire("job", ttl_seconds=30)
@@ -157,6 +196,22 @@ class TestRequiredInBatches:
                               op.put("app", "a", 1, forever=True)])
         assert all(answers) and "failedIndex" not in answers[1], answers
         assert q.kv.get("app", "a")["value"] == 1, "the gated write must land"
+
+    def test_a_single_required_op_answers_as_a_batch_of_one_would(self, q: qs.Queen) -> None:
+        put = q.kv.put("app", "k", "v", forever=True)
+        answers = {
+            "delete": q.kv.delete("app", "gone", required=True),
+            "check": q.kv.check("app", "k", expect=0, required=True),
+            "put": q.kv.put("app", "k", "w", forever=True, expect=put["version"] + 9,
+                            required=True),
+        }
+        reasons = {kind: (a["applied"], a["reason"], a["failedIndex"])
+                   for kind, a in answers.items()}
+        assert reasons == {"delete": (False, "absent", 0), "check": (False, "exists", 0),
+                           "put": (False, "version", 0)}, answers
+        assert q.kv.get("app", "k")["version"] == put["version"], "a lost op wrote something"
+        applied = q.kv.check("app", "k", expect=put["version"], required=True)
+        assert applied and "failedIndex" not in applied, applied
 
     @settings(max_examples=25, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -17,6 +17,12 @@ REFUSED = (qs.RequestError, qs.QueenHttpError)
 def acquire(q: qs.Queen, name: str, owner: str, *, ttl_seconds: int = 30,
             limit: Optional[int] = None) -> qs.Result:
     return q.locks.acquire(name, ttl_seconds=ttl_seconds, owner=owner, limit=limit)
+
+
+def guarded(q: qs.Queen, guard: dict[str, Any]) -> qs.Transaction:
+    """A bundle opening with ``guard`` as an answer gave it, kept past the handle's belief."""
+    return q.transaction().kv.check(guard["ns"], guard["key"], expect=guard["expect"],
+                                    required=guard["required"])
 
 
 class TestAcquire:
@@ -98,19 +104,55 @@ class TestRenew:
         renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, slot=0)
         assert renewed and renewed["token"] > first["token"], renewed
         assert renewed["guard"]["expect"] == renewed["token"], renewed
-        stale = q.transaction()
-        stale._ops.append(first["guard"])
-        assert not stale.commit(), "a guard on the old token must fail"
+        assert not guarded(q, first["guard"]).commit(), "a guard on the old token must fail"
         assert not q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="bob"), (
             "the old token renews nothing for anyone but its owner")
         assert q.locks.get("job")["holders"][0]["token"] == renewed["token"]
 
-    def test_a_renew_resent_with_the_previous_token_by_its_owner_renews(self, q: qs.Queen) -> None:
+    def test_a_renew_resent_with_the_previous_token_by_its_owner_mints_a_higher_token(
+        self, q: qs.Queen
+    ) -> None:
         first = acquire(q, "job", "alice")
         renewed = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
         resent = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
         assert resent, f"the owner's resend must renew: {resent}"
-        assert resent["token"] == renewed["token"], (renewed, resent)
+        assert resent["token"] > renewed["token"], f"renewing always mints: {renewed} {resent}"
+        assert resent["guard"]["expect"] == resent["token"], resent
+        assert not guarded(q, renewed["guard"]).commit(), (
+            "the token the resend replaced must stop guarding at once")
+        holders = q.locks.get("job")["holders"]
+        assert [h["token"] for h in holders] == [resent["token"]], holders
+
+    def test_every_resend_of_the_previous_token_by_its_owner_renews_again(
+        self, q: qs.Queen
+    ) -> None:
+        first = acquire(q, "job", "alice")
+        tokens = [q.locks.renew("job", token=first["token"], ttl_seconds=30,
+                                owner="alice")["token"] for _ in range(3)]
+        assert tokens == sorted(set(tokens)) and tokens[0] > first["token"], (
+            f"each answer was lost in transit, so each resend must renew and mint: {tokens}")
+
+    def test_the_owner_renews_with_a_token_that_a_late_duplicate_replaced(
+        self, q: qs.Queen
+    ) -> None:
+        first = acquire(q, "job", "alice")
+        seen = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        late = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert late and late["token"] > seen["token"], (seen, late)
+        # The owner adopted the first answer; a duplicate applied after it moved the row on.
+        again = q.locks.renew("job", token=seen["token"], ttl_seconds=30, owner="alice")
+        assert again and again["token"] > late["token"], f"the owner's token must renew: {again}"
+        stale = q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        assert not stale and stale["reason"] == "lost", (
+            f"a token older than the one the owner last renewed with renews nothing: {stale}")
+
+    def test_a_resent_renew_leaves_the_owners_previous_token_releasing(self, q: qs.Queen) -> None:
+        first = acquire(q, "job", "alice")
+        for _ in range(2):
+            assert q.locks.renew("job", token=first["token"], ttl_seconds=30, owner="alice")
+        released = q.locks.release("job", token=first["token"])
+        assert released, f"the token the owner last saw must release its permit: {released}"
+        assert not q.locks.get("job"), "the permit must be free at once, not at its TTL"
 
     def test_a_different_owner_with_the_previous_token_is_lost(self, q: qs.Queen) -> None:
         first = acquire(q, "job", "alice")
@@ -175,9 +217,7 @@ class TestRelease:
         first = acquire(q, "job", "alice")
         q.locks.release("job", token=first["token"])
         for _ in range(2):  # once while free, once after a new holder took it
-            txn = q.transaction()
-            txn._ops[:0] = [first["guard"]]
-            txn.kv.put("out", "result", "stale", forever=True)
+            txn = guarded(q, first["guard"]).kv.put("out", "result", "stale", forever=True)
             answer = txn.commit()
             assert not answer and answer["reason"] == "kv_precondition", answer
             assert answer["failedIndex"] == 0, answer

@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import queen_sync as qs
+
+_NAMESPACES = itertools.count()
+Adder = Callable[[qs.Transaction, str], qs.Transaction]
+
+# One op of each kind that a bundle can carry, each set up to lose, and the reason it loses
+# with: a required one of them must roll back whatever is around it.
+LOSING: dict[str, tuple[Adder, str]] = {
+    "put with a stale expect": (
+        lambda t, ns: t.kv.put(ns, "seed", 2, forever=True, expect=10**9, required=True),
+        "version"),
+    "put that must not find a present key": (
+        lambda t, ns: t.kv.put(ns, "seed", 2, forever=True, expect=0, required=True), "exists"),
+    "putIfAbsent on a present key": (
+        lambda t, ns: t.kv.put_if_absent(ns, "seed", 2, forever=True, required=True), "exists"),
+    "delete of an absent key": (
+        lambda t, ns: t.kv.delete(ns, "nothing", required=True), "absent"),
+    "incr past its max": (
+        lambda t, ns: t.kv.incr(ns, "seed", delta=5, max=3, forever=True, required=True),
+        "limit"),
+    "check of a stale version": (
+        lambda t, ns: t.kv.check(ns, "seed", expect=10**9, required=True), "version"),
+    "check for absence of a present key": (
+        lambda t, ns: t.kv.check(ns, "seed", expect=0, required=True), "exists"),
+}
+# The writes around it leave "seed" alone, so the op set up to lose does lose.
+_WRITES = st.lists(st.tuples(st.sampled_from(["put", "incr", "delete"]),
+                             st.sampled_from(["k0", "k1"])), max_size=4)
+
+
+def _add_write(txn: qs.Transaction, ns: str, kind: str, key: str) -> qs.Transaction:
+    if kind == "put":
+        return txn.kv.put(ns, key, "new", forever=True)
+    if kind == "incr":
+        return txn.kv.incr(ns, key, forever=True)
+    return txn.kv.delete(ns, key)
 
 
 class TestBundles:
@@ -45,6 +83,30 @@ class TestBundles:
         first = q.transaction().once("runs", "2026-11-30", ttl="1d").commit()
         second = q.transaction().once("runs", "2026-11-30", ttl="1d").commit()
         assert first and not second and second["kvReason"] == "exists", (first, second)
+
+    @settings(max_examples=20, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(kind=st.sampled_from(sorted(LOSING)), before=_WRITES, after=_WRITES)
+    def test_any_required_op_that_loses_rolls_back_the_writes_around_it(
+        self, q: qs.Queen, kind: str, before: list[tuple[str, str]],
+        after: list[tuple[str, str]],
+    ) -> None:
+        ns = f"req{next(_NAMESPACES)}"
+        seed = q.kv.put(ns, "seed", 1, forever=True)
+        txn = q.transaction()
+        for spec in before:
+            _add_write(txn, ns, *spec)
+        add, reason = LOSING[kind]
+        add(txn, ns)
+        for spec in after:
+            _add_write(txn, ns, *spec)
+        answer = txn.commit()
+        assert not answer and answer["reason"] == "kv_precondition", answer
+        assert answer["failedIndex"] == len(before) and answer["kvReason"] == reason, (
+            f"{kind}: {answer}")
+        rows = [(r["key"], r["value"], r["version"])
+                for r in q.kv.get_many(ns, ["k0", "k1", "seed"])["rows"]]
+        assert rows == [("seed", 1, seed["version"])], f"{kind} left writes behind: {rows}"
 
     def test_reads_inside_a_bundle_are_refused(self, q: qs.Queen) -> None:
         with pytest.raises(ValueError, match="inside a transaction"):
@@ -93,3 +155,25 @@ class TestGuards:
         assert len(sent) == 2 and sent[1] > sent[0], f"one resend, new token: {sent}"
         assert not lock.lost.is_set(), "losing to our own renewal is not a loss"
         assert q.kv.get("out", "n")["value"] == 1, "applied exactly once"
+
+
+class TestQueueRidersOnTheEmbeddedEngines:
+    @pytest.mark.parametrize("rider", [
+        {"operations": [{"type": "push", "items": [{"queue": "q", "payload": 1,
+                                                    "transactionId": "t1"}]}]},
+        {"requiredLeases": ["lease-1"]},
+        {"timers": [{"op": "schedule", "queue": "q", "key": "k", "delayMs": 10}]},
+    ], ids=["push", "lease", "timer"])
+    def test_a_raw_body_with_a_queue_rider_is_refused_and_writes_nothing(
+        self, q: qs.Queen, rider: dict[str, Any]
+    ) -> None:
+        if q.engine.kind == "http":
+            pytest.skip("a Queen broker carries queue riders")
+        body = {"operations": [], "requiredLeases": [],
+                "kv": [{"op": "put", "ns": "out", "key": "a", "value": 1, "forever": True}],
+                **rider}
+        with pytest.raises(qs.UnsupportedOperationError) as caught:
+            q.engine.call("transaction", body)
+        assert caught.value.capability == "queue_operations", repr(caught.value)
+        assert not q.kv.get("out", "a"), "a refused bundle must write nothing of its kv"
+

@@ -272,12 +272,17 @@ class ModelMachine(RuleBasedStateMachine):
         return [v for v in versions if v is not None and self.versions.knows(v)]
 
     def _token(self, data: st.DataObject, name: str, permit: Optional[Entry]) -> int:
-        """Mostly ``permit``'s token or the one its last renew replaced; else older, or foreign."""
+        """Mostly ``permit``'s token or the one its last renew presented; else one between
+        them (a resend minted past it), older, or foreign."""
         current = self._known(permit.version) if permit is not None else []
         previous = self._known(permit.prev_version) if permit is not None else []
-        older = [t for t in reversed(self.issued[name]) if t not in current + previous]
+        floor, top = (permit.prev_version, permit.version) if permit is not None else (None, 0)
+        between = [t for t in self.issued[name] if floor is not None and floor < t < top]
+        older = [t for t in reversed(self.issued[name])
+                 if t not in current + previous + between]
         foreign = [BOGUS, *(t for n, ts in self.issued.items() if n != name for t in ts)]
-        return _weighted(data, "token", (12, current), (2, previous), (1, older), (1, foreign))
+        return _weighted(data, "token", (12, current), (3, previous), (6, between),
+                         (1, older), (1, foreign))
 
     def _usable(self, name: str) -> list[tuple[int, Entry]]:
         """The live permits of ``name`` whose token (or the one before it) an answer named."""
@@ -331,7 +336,7 @@ class ModelMachine(RuleBasedStateMachine):
         ttl = data.draw(st.none() | st.sampled_from(self.store.ttls), label="ttl")
         return {"forever": True} if ttl is None else {"ttlSeconds": ttl}
 
-    def _expect(self, data: st.DataObject, ns: str, key: str, *, absent_ok: bool) -> int:
+    def _expect(self, data: st.DataObject, ns: str, key: str) -> int:
         """Mostly the key's current version (0 if it is absent), else an older or made-up one."""
         entry = self.draft.live(ns, key)
         current = self._known(entry.version) if entry is not None else []
@@ -339,7 +344,7 @@ class ModelMachine(RuleBasedStateMachine):
         older = list(dict.fromkeys(v for v in reversed(self.known_versions[-8:])
                                    if v not in current + previous))
         return _weighted(data, "expect", (12, current),
-                         (12 if entry is None else 1, [0] if absent_ok else []),
+                         (12 if entry is None else 1, [0]),
                          (1, previous), (1, older), (1, [BOGUS]))
 
     def _kv_key(self, data: st.DataObject, *, permits: bool, live_first: bool) -> tuple[str, str]:
@@ -366,7 +371,7 @@ class ModelMachine(RuleBasedStateMachine):
                 if limit is not None:
                     op[bound] = limit
         if expects:
-            op["expect"] = self._expect(data, ns, key, absent_ok=kind == "check")
+            op["expect"] = self._expect(data, ns, key)
         if data.draw(st.sampled_from([False, False, True]), label="required"):
             op["required"] = True
         return op

@@ -37,7 +37,7 @@ class Entry:
     expires_at: Optional[int]
     created_at: int
     updated_at: int
-    prev_version: Optional[int] = None  # the token the last renew replaced
+    prev_version: Optional[int] = None  # the token the last renew presented
     limit: Optional[int] = None  # a permit's: the limit it was acquired with
 
 
@@ -160,24 +160,24 @@ class Reference:
     def _renew(self, op: Op) -> Answer:
         name, token, owner = op["name"], op["token"], op.get("owner")
         for slot, entry in self._candidates(op):
-            key = (LOCKS_NS, f"{name}#{slot}")
             mine = owner is not None and owner == entry.value.get("owner")
-            if entry.version == token and (owner is None or mine):
+            current = entry.version == token and (owner is None or mine)
+            # The owner's tokens from the one its last renew presented on: that renew's
+            # answer, or a later one, may be lost, or overtaken by a late duplicate.
+            floor = entry.prev_version
+            unseen = mine and floor is not None and floor <= token < entry.version
+            if current or unseen:  # renewing always mints, a resend too
                 new = self._mint()
-                self.entries[key] = replace(entry, version=new, expires_at=self._expiry(op),
-                                            updated_at=self.now, prev_version=token)
+                self.entries[(LOCKS_NS, f"{name}#{slot}")] = replace(
+                    entry, version=new, expires_at=self._expiry(op), updated_at=self.now,
+                    prev_version=token)
                 return {"renewed": True, "slot": slot, "token": new,
                         "guard": guard(name, slot, new)}
-            if mine and entry.prev_version == token:  # a resent renew: the same new token
-                self.entries[key] = replace(entry, expires_at=self._expiry(op),
-                                            updated_at=self.now)
-                return {"renewed": True, "slot": slot, "token": entry.version,
-                        "guard": guard(name, slot, entry.version)}
         return {"renewed": False, "reason": "lost", "holders": self.holders(name)}
 
     def _release(self, op: Op) -> Answer:
-        # The previous token releases too: the answer to the renew that replaced it may
-        # never have reached the owner.
+        # The token the last renew presented releases too: that renew's answer may never
+        # have reached the owner.
         for slot, entry in self._candidates(op):
             if op["token"] in (entry.version, entry.prev_version):
                 del self.entries[(LOCKS_NS, f"{op['name']}#{slot}")]
@@ -248,27 +248,38 @@ class Reference:
                                                     self.now)
         return version
 
+    def _precondition(self, op: Op, entry: Optional[Entry]) -> Optional[Answer]:
+        """Why ``expect`` does not hold (None when it does, or is not given)."""
+        if "expect" not in op:
+            return None
+        if op["expect"] == 0:  # "must not exist"
+            return None if entry is None else self._lost("exists", entry)
+        if entry is None:  # expect never creates a key
+            return self._lost("absent", None)
+        return None if entry.version == op["expect"] else self._lost("version", entry)
+
     def _put(self, op: Op) -> Answer:
         entry = self.live(op["ns"], op["key"])
-        if "expect" in op and entry is None:  # expect never creates a key
-            return self._lost("absent", None)
-        if "expect" in op and entry is not None and entry.version != op["expect"]:
-            return self._lost("version", entry)
-        return {"applied": True,
+        lost = self._precondition(op, entry)
+        if lost is not None:
+            return lost
+        return {"applied": True, "value": op["value"],
                 "version": self._store(op, op["value"], entry, self._expiry(op))}
 
     def _put_if_absent(self, op: Op) -> Answer:
         entry = self.live(op["ns"], op["key"])
         if entry is not None:
             return self._lost("exists", entry)
-        return {"applied": True, "version": self._store(op, op["value"], None, self._expiry(op))}
+        return {"applied": True, "value": op["value"],
+                "version": self._store(op, op["value"], None, self._expiry(op))}
 
     def _delete(self, op: Op) -> Answer:
         entry = self.live(op["ns"], op["key"])
         if entry is None:
             return self._lost("absent", None)
-        if "expect" in op and entry.version != op["expect"]:
-            return self._lost("version", entry)
+        lost = self._precondition(op, entry)
+        if lost is not None:
+            return lost
         del self.entries[(op["ns"], op["key"])]
         return {"applied": True}
 
@@ -288,10 +299,10 @@ class Reference:
 
     def _check(self, op: Op) -> Answer:
         entry = self.live(op["ns"], op["key"])
-        version = entry.version if entry is not None else 0
-        if version == op["expect"]:
-            return {"applied": True, "version": version}
-        return self._lost("absent" if entry is None else "version", entry)
+        lost = self._precondition(op, entry)
+        if lost is not None:
+            return lost
+        return {"applied": True, "version": entry.version if entry is not None else 0}
 
     def _kv_batch(self, ops: Sequence[Op]) -> Answer:
         """Independent ops, unless a ``required`` one does not apply: then nothing does."""
