@@ -9,8 +9,9 @@ What it resends, and why that cannot apply a call twice:
 - a lock call whose every acquire and renew names its owner, and a KV call made
   only of reads (``get``, ``getMany``, ``getPrefix``, ``check``): resent on a
   connection failure, a timeout or a 502/503/504, within ``retries``. The owner
-  makes a resent acquire answer the same permit and a resent renew the same
-  token, and a resent release of a token already released frees nothing;
+  makes a resent acquire answer the same permit and a resent renew renew again
+  (with a new, higher token), and a resent release of a token already released
+  frees nothing;
 - anything else (KV writes, ``incr``, transactions, owner-less lock ops): resent
   only when the request provably never reached the broker (the connection was
   never opened); otherwise the error surfaces, because the broker may have

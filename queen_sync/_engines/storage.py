@@ -26,8 +26,9 @@ class Row:
     """One stored key. ``version`` is the store-wide counter value of its last write.
 
     Times are epoch milliseconds on the engine's clock; ``expires_at`` is ``None``
-    for a row written ``forever``. ``prev_version`` is the version the row had
-    before its last renew, kept so an owner's resent renew can be recognised.
+    for a row written ``forever``. ``prev_version`` is the token the last renew
+    presented, kept so an owner's resent renew, and a release with that token, are
+    recognised.
     """
 
     ns: str
