@@ -210,6 +210,9 @@ def check_kv_op(op: Any, *, in_transaction: bool = False) -> Mapping[str, Any]:
         where = "inside a transaction" if in_transaction else "on /kv"
         raise _kv_error(f"KV op {kind!r} is not allowed {where}; expected one of {sorted(allowed)}")
     check_ns(op.get("ns"))
+    # Only a write can fail to apply and so cancel its batch; a read would carry it unused.
+    if kind in KV_READ_OPS and "required" in op:
+        raise _kv_error(f"{kind} cannot be required: only a write can gate its batch")
     _optional_bool(op, "required")
     if kind == "getMany":
         _check_keys(op.get("keys"))

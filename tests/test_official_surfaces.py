@@ -47,8 +47,6 @@ DIFFERENCES: dict[tuple[str, str, Any], str] = {
 
 # Gaps in files another change owns, kept visible here until that change closes them.
 PENDING: dict[tuple[str, str, Any], str] = {
-    ("Transaction", "queue", "queue_name"): "transaction.py names it name",
-    ("TransactionQueue", "partition", "partition_key"): "transaction.py names it partition",
     # "*": the method exists here but refuses every call, so none of its keywords means
     # the same; the official builder adds get/getMany reads to the bundle.
     ("TransactionKv", "get", "*"): "reads in a bundle are refused here (write ops only)",

@@ -78,15 +78,15 @@ class _BundleKv:
 
 
 class _BundleQueue:
-    """``transaction().queue(name)``: ``.partition(p)`` then ``.push(items)``."""
+    """``transaction().queue(queue_name)``: ``.partition(p)`` then ``.push(items)``."""
 
-    def __init__(self, txn: Transaction, name: str) -> None:
+    def __init__(self, txn: Transaction, queue_name: str) -> None:
         self._txn = txn
-        self._name = queue_ops.check_text(name, "queue name")
+        self._name = queue_ops.check_text(queue_name, "queue name")
         self._partition: Optional[str] = None
 
-    def partition(self, partition: str) -> _BundleQueue:
-        self._partition = queue_ops.check_text(partition, "partition")
+    def partition(self, partition_key: str) -> _BundleQueue:
+        self._partition = queue_ops.check_text(partition_key, "partition")
         return self
 
     def push(self, items: Any) -> Transaction:
@@ -195,14 +195,14 @@ class Transaction:
                 "exist only on a Queen broker (an http:// or https:// URL); its transactions "
                 "are KV-only", capability="queue_operations")
 
-    def queue(self, name: str) -> _BundleQueue:
-        """Push to queue ``name`` in this bundle: ``.queue(name)[.partition(p)].push(items)``.
+    def queue(self, queue_name: str) -> _BundleQueue:
+        """Push to ``queue_name`` in this bundle: ``.queue(q)[.partition(p)].push(items)``.
 
         Raises:
             UnsupportedOperationError: the engine is not a Queen broker.
         """
         self._require_queues()
-        return _BundleQueue(self, name)
+        return _BundleQueue(self, queue_name)
 
     def ack(self, messages: Any, status: str = "completed",
             context: Optional[Mapping[str, Any]] = None) -> Transaction:

@@ -350,6 +350,19 @@ class TestBadKvOps:
                          "forever": True}])
         assert q.kv.get("app", "n")["value"] == 1, "the counter is left as it was"
 
+    @pytest.mark.parametrize("required", [True, False])
+    @pytest.mark.parametrize("read", [{"op": "get", "key": "k"}, {"op": "getMany", "keys": ["k"]},
+                                      {"op": "getPrefix", "prefix": "k"}])
+    def test_required_on_a_read_is_refused_before_anything_of_its_batch_is_written(
+            self, q: qs.Queen, read: dict[str, Any], required: bool) -> None:
+        # A read cannot gate a batch, so a required flag on one is a caller's mistake.
+        batch = [{"op": "put", "ns": "app", "key": "w", "value": 1, "forever": True},
+                 {**read, "ns": "app", "required": required}]
+        with pytest.raises(qs.RequestError, match="required") as caught:
+            q.kv.batch(batch)
+        assert caught.value.code == "kv_bad_request", repr(caught.value)
+        assert not q.kv.get("app", "w"), "the write before the bad read must not be applied"
+
     def test_a_value_that_is_not_json_is_refused_at_the_call(self, q: qs.Queen) -> None:
         with pytest.raises(TypeError, match="JSON"):
             q.kv.put("app", "k", object(), forever=True)

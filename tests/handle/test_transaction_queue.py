@@ -118,6 +118,14 @@ class TestTheBundleOnTheWire:
             {"queue": "reports", "payload": 1, "transactionId": "t-1"}]}], "requiredLeases": []}
         assert encode_body("transaction", sent[0]) == wire(expected), sent[0]
 
+    def test_the_official_keywords_name_the_queue_and_partition_of_a_push(
+            self, fq: qs.Queen) -> None:
+        sent = capture(fq)
+        assert (fq.transaction().queue(queue_name="reports").partition(partition_key="eu")
+                .push({"transactionId": "t-1", "data": 1}).commit())
+        item = sent[0]["operations"][0]["items"][0]
+        assert item["queue"] == "reports" and item["partition"] == "eu", item
+
     def test_a_trace_id_travels_only_when_it_is_a_uuid4(self, fq: qs.Queen) -> None:
         sent = capture(fq)
         trace = "0b7e2a36-5c4d-4f3e-9a1b-2c3d4e5f6a7b"
