@@ -60,6 +60,7 @@ from typing_extensions import deprecated
 import queen_sync as qs
 from queen_sync import Duration
 
+from ._arbitration import require_arbitration
 from ._client_arg import the_client
 from ._fence_checks import check_name, check_token, current_token, fenced_out
 from ._sql_sink import FencedTable
@@ -262,6 +263,10 @@ class FencedExport:
         sink: a ``FencedDirectory``, a ``FencedKv``, or anything with their ``write``.
         ttl: the lease's lifetime (renewed in the background while exporting).
         wait: how long ``run`` waits for the lock (default: one attempt).
+
+    Raises:
+        UnsupportedOperationError: the client's engine lacks ``fencing`` or
+            ``engine_clock_expiry`` (``capability`` names which).
     """
 
     @overload
@@ -277,6 +282,7 @@ class FencedExport:
                  sink: Optional[FencedSink] = None, *, ttl: Duration,
                  wait: Optional[Duration] = 0, q: Optional[qs.Queen] = None) -> None:
         self._q = the_client(client, q, "FencedExport")
+        require_arbitration(self._q, "FencedExport")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         if sink is None:

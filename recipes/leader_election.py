@@ -35,6 +35,8 @@ What it guarantees:
       campaign thread (never on the renewer thread). ``reason`` is ``"renew"``,
       ``"expired"`` or ``"guard"`` when the lease was lost, ``"resigned"`` when this
       candidate gave it up (``resign()``, ``stop()``, the end of ``run()``).
+    * A won lease is re-read from the engine (``lock.verify()``) before its term
+      starts: a permit taken away meanwhile starts no term and calls no callback.
     * After a term ends, the candidate does not campaign again for one renew
       interval, so a candidate that was just deposed cannot snatch the lease back
       from the one that replaced it (no thrashing).
@@ -64,6 +66,7 @@ from typing_extensions import deprecated
 import queen_sync as qs
 from queen_sync import Duration
 
+from ._arbitration import require_arbitration
 from ._client_arg import the_client
 from ._leader_watch import Leader, LeaderObserver, read_leader
 
@@ -124,6 +127,8 @@ class LeaderElection:
 
     Raises:
         TypeError, ValueError: for a bad ``ttl``, ``name`` or ``identity`` (before any I/O).
+        UnsupportedOperationError: the client's engine lacks ``fencing`` or
+            ``engine_clock_expiry`` (``capability`` names which).
     """
 
     @overload
@@ -151,6 +156,7 @@ class LeaderElection:
         q: Optional[qs.Queen] = None,
     ) -> None:
         self._q = the_client(client, q, "LeaderElection")
+        require_arbitration(self._q, "LeaderElection")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
@@ -267,6 +273,13 @@ class LeaderElection:
             self._stopping.wait(self.retry_every)
             return False
         self._last_error = None
+        if won and not self.lock.verify():
+            # The permit was taken away between the win and now (a break-glass release,
+            # then another candidate): no term starts, and the cooldown keeps out of its way.
+            log.warning("%s won %r but the permit is no longer its own; no term starts",
+                        self.identity, self.name)
+            self._cooldown_until = time.monotonic() + self.retry_every
+            return False
         return won
 
     def _serve_term(self) -> None:

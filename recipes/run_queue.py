@@ -79,6 +79,7 @@ from typing_extensions import deprecated
 import queen_sync as qs
 from queen_sync import Duration
 
+from ._arbitration import require_arbitration
 from ._client_arg import the_client
 from ._run_claim import Claim
 from ._run_records import RUNS_NS as RUNS_NS  # where users find the records' namespace
@@ -139,6 +140,10 @@ class RunQueue:
         retention: how long completion and dead-letter records are kept (default 7 days).
         max_attempts: claims a run gets before the next one dead-letters it instead
             (default None: retaken for as long as it takes).
+
+    Raises:
+        UnsupportedOperationError: the client's engine lacks ``fencing`` or
+            ``engine_clock_expiry`` (``capability`` names which).
     """
 
     @overload
@@ -154,6 +159,7 @@ class RunQueue:
                  q: Optional[qs.Queen] = None, retention: Duration = DEFAULT_RETENTION,
                  max_attempts: Optional[int] = None) -> None:
         self._q = the_client(client, q, "RunQueue")
+        require_arbitration(self._q, "RunQueue")
         name = check_id(name, "queue name", 64)
         if "/" in name:
             raise ValueError(f"queue name {name!r} must not contain '/'")
@@ -428,8 +434,9 @@ class RunQueue:
         Without ``stop`` it returns once no run is pending (runs claimed by others
         are waited for: their claims may expire). With ``stop`` it keeps polling
         for new runs until the event is set. A run whose claim is superseded
-        (``FencedOutError``) is dropped: its new holder finishes it. A run whose
-        ``fn`` raises is released and the exception propagates.
+        (``FencedOutError``, or ``claim.lock.verify()`` False before ``fn`` starts) is
+        dropped unfinished: its new holder finishes it. A run whose ``fn`` raises is
+        released and the exception propagates.
 
         Returns:
             how many runs this call completed.
@@ -449,6 +456,13 @@ class RunQueue:
         return completed
 
     def _work_one(self, fn: Callable[[Claim], Any], claim: Claim) -> int:
+        # The claim may have been taken away since it was won (an operator's break-glass
+        # release, then another worker): only a durable read tells, and fn must not run.
+        if not claim.lock.verify():
+            log.warning("run %r of %r is no longer this claim's; dropping it unrun",
+                        claim.run_id, self.name)
+            claim.release()
+            return 0
         try:
             result = fn(claim)
             if not claim.done:
