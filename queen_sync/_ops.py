@@ -45,6 +45,9 @@ _NS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 LOCK_OPS = frozenset({"acquire", "renew", "release", "get"})
 KV_READ_OPS = frozenset({"get", "getMany", "getPrefix"})
 KV_WRITE_OPS = frozenset({"put", "putIfAbsent", "delete", "incr", "check"})
+# A bundle may read keys it names (their cost is the caller's to bound), never a prefix,
+# as the broker rules: the bundle holds the lock rows while it runs.
+KV_TRANSACTION_OPS = KV_WRITE_OPS | {"get", "getMany"}
 
 
 def _lock_error(message: str) -> RequestError:
@@ -205,7 +208,7 @@ def check_kv_op(op: Any, *, in_transaction: bool = False) -> Mapping[str, Any]:
     if not isinstance(op, Mapping):
         raise TypeError(f"a KV op must be a dict, got {type(op).__name__}")
     kind = op.get("op")
-    allowed = KV_WRITE_OPS if in_transaction else KV_READ_OPS | KV_WRITE_OPS
+    allowed = KV_TRANSACTION_OPS if in_transaction else KV_READ_OPS | KV_WRITE_OPS
     if kind not in allowed:
         where = "inside a transaction" if in_transaction else "on /kv"
         raise _kv_error(f"KV op {kind!r} is not allowed {where}; expected one of {sorted(allowed)}")

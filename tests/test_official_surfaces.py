@@ -46,12 +46,7 @@ DIFFERENCES: dict[tuple[str, str, Any], str] = {
 }
 
 # Gaps in files another change owns, kept visible here until that change closes them.
-PENDING: dict[tuple[str, str, Any], str] = {
-    # "*": the method exists here but refuses every call, so none of its keywords means
-    # the same; the official builder adds get/getMany reads to the bundle.
-    ("TransactionKv", "get", "*"): "reads in a bundle are refused here (write ops only)",
-    ("TransactionKv", "get_many", "*"): "as get",
-}
+PENDING: dict[tuple[str, str, Any], str] = {}
 
 
 def _ours() -> Iterator[dict[str, Any]]:
@@ -108,7 +103,7 @@ OFFICIAL_FORWARDS: dict[tuple[str, str], Callable[..., Any]] = {
 # their runtime signature is *args, **kwargs): their keywords are the builder's.
 OUR_FORWARDS: dict[tuple[str, str], Callable[..., Any]] = {
     ("TransactionKv", name): getattr(KvOpBuilders, name)
-    for name in ("put", "put_if_absent", "delete", "incr")
+    for name in ("get", "get_many", "put", "put_if_absent", "delete", "incr")
 }
 # Parameters of a forward target that the forwarding method fills itself.
 FORWARD_FILLED = {"self", "locks", "name", "ns", "key", "value"}

@@ -55,12 +55,18 @@ def _rebuilder(build: Callable[P, dict[str, Any]], *args: P.args, **kwargs: P.kw
 
 
 class _BundleKv:
-    """``transaction().kv``: the write ops of ``q.kv``, each appended to the bundle."""
+    """``transaction().kv``: the writes and keyed reads of ``q.kv``, appended to the bundle.
+
+    A read answers in the commit's ``kv`` list, as of its place in the bundle; it never
+    fails the bundle, and it counts as one op in ``failedIndex``.
+    """
 
     def __init__(self, txn: Transaction) -> None:
         self._txn = txn
 
     # The keywords are the builders' own (one list of them), so a typo fails type checks.
+    get = _appending(KvOpBuilders.get)
+    get_many = _appending(KvOpBuilders.get_many)
     put = _appending(KvOpBuilders.put)
     put_if_absent = _appending(KvOpBuilders.put_if_absent)
     delete = _appending(KvOpBuilders.delete)
@@ -70,11 +76,11 @@ class _BundleKv:
         return self._txn._add(KvOpBuilders.check(ns, key, expect=expect, required=required),
                               None)
 
-    def _reads(self, *_: Any, **__: Any) -> Transaction:
-        raise ValueError("reads (get, get_many, get_prefix) cannot go inside a transaction; "
-                         "read with q.kv first, then guard the write with check(expect=version)")
-
-    get = get_many = get_prefix = _reads
+    def get_prefix(self, *_: Any, **__: Any) -> Transaction:
+        """Refused: a prefix read's cost is not bounded by the caller, and a bundle holds
+        the lock rows while it runs (the broker refuses it too)."""
+        raise ValueError("get_prefix cannot go inside a transaction: its cost is unbounded; "
+                         "read with q.kv.get_prefix first, or name the keys with get_many")
 
 
 class _BundleQueue:

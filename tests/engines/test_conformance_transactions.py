@@ -108,9 +108,60 @@ class TestBundles:
                 for r in q.kv.get_many(ns, ["k0", "k1", "seed"])["rows"]]
         assert rows == [("seed", 1, seed["version"])], f"{kind} left writes behind: {rows}"
 
-    def test_reads_inside_a_bundle_are_refused(self, q: qs.Queen) -> None:
+    def test_a_prefix_read_inside_a_bundle_is_refused(self, q: qs.Queen) -> None:
         with pytest.raises(ValueError, match="inside a transaction"):
             q.transaction().kv.get_prefix("out", "a")
+        raw = {"kv": [{"op": "put", "ns": "out", "key": "a", "value": 1, "forever": True},
+                      {"op": "getPrefix", "ns": "out", "prefix": "a"}]}
+        with pytest.raises(qs.RequestError, match="getPrefix"):
+            q.engine.call("transaction", raw)
+        assert not q.kv.get("out", "a"), "a refused bundle writes nothing"
+
+
+class TestReadsInBundles:
+    def test_a_read_answers_the_value_as_of_its_step_in_the_bundle(self, q: qs.Queen) -> None:
+        ns = f"reads-{next(_NAMESPACES)}"
+        q.kv.put(ns, "k", "old", forever=True)
+        lock = q.lock("job", ttl=30)
+        assert lock.acquire()
+        answer = (q.transaction().guard(lock)
+                  .kv.get(ns, "k")
+                  .kv.put(ns, "k", "new", forever=True)
+                  .kv.get(ns, "k")
+                  .kv.get_many(ns, ["k", "absent"])
+                  .commit())
+        assert answer and answer["success"] is True, answer
+        before, put, after, many = answer["kv"][1:]
+        assert before["found"] is True and before["value"] == "old", before
+        assert after["found"] is True and after["value"] == "new", after
+        assert after["version"] == put["version"], (put, after)
+        assert [r["value"] for r in many["rows"]] == ["new"], many
+        assert many["missing"] == ["absent"], many
+        assert [r["index"] for r in answer["kv"]] == [0, 1, 2, 3, 4], answer
+        lock.release()
+
+    def test_a_read_of_an_absent_key_does_not_fail_its_bundle(self, q: qs.Queen) -> None:
+        ns = f"reads-{next(_NAMESPACES)}"
+        answer = (q.transaction().kv.get(ns, "absent").kv.get_many(ns, ["absent"])
+                  .kv.put(ns, "k", 1, forever=True).commit())
+        assert answer, f"a read that finds nothing is an answer, not a loss: {answer}"
+        assert answer["kv"][0]["found"] is False, answer
+        assert q.kv.get(ns, "k")["value"] == 1, "the write beside the reads must land"
+
+    def test_a_rolled_back_bundle_counts_its_reads_and_answers_none_of_them(
+            self, q: qs.Queen) -> None:
+        ns = f"reads-{next(_NAMESPACES)}"
+        q.kv.put(ns, "taken", "x", forever=True)
+        answer = (q.transaction()
+                  .kv.put(ns, "a", 1, forever=True)
+                  .kv.get(ns, "a")
+                  .kv.get_many(ns, ["a", "taken"])
+                  .kv.put_if_absent(ns, "taken", "y", forever=True, required=True)
+                  .commit())
+        assert not answer and answer["reason"] == "kv_precondition", answer
+        assert answer["failedIndex"] == 3, f"each read counts as one op before the gate: {answer}"
+        assert "kv" not in answer, f"a rolled-back bundle answers no reads: {answer}"
+        assert not q.kv.get(ns, "a"), "the write the reads saw must be rolled back"
 
 
 class TestGuards:

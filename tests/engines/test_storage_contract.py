@@ -93,7 +93,11 @@ _kv_ops = st.one_of(
     st.builds(lambda k, v: {"op": "check", "ns": "queen-locks", "key": k, "expect": v},
               st.sampled_from(["a#0", "b#0"]), st.integers(0, 6)),
     st.builds(lambda k: {"op": "incr", "ns": "n", "key": k, "delta": 1, "forever": True},
-              st.sampled_from(["k", "m"])))
+              st.sampled_from(["k", "m"])),
+    # Reads go in batches and bundles too: the keys they look at must be planned as well.
+    st.builds(lambda k: {"op": "get", "ns": "n", "key": k}, st.sampled_from(["k", "r"])),
+    st.builds(lambda ks: {"op": "getMany", "ns": "n", "keys": ks},
+              st.lists(st.sampled_from(["l", "m", "s"]), min_size=1, max_size=3)))
 
 
 class TestPostgresLocksWhatTheFootprintNames:

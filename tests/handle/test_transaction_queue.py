@@ -110,6 +110,32 @@ class TestTheBundleOnTheWire:
         got = encode_body("transaction", sent[0])
         assert got == wire(expected), f"the bytes sent:\n{got!r}\nexpected:\n{wire(expected)!r}"
 
+    def test_reads_in_a_bundle_go_out_in_the_official_clients_shape(
+        self, fake: FakeBroker, fq: qs.Queen
+    ) -> None:
+        lock = fq.lock("daily-report", ttl=30)
+        assert lock.acquire()
+        sent = capture(fq)
+        answer = (fq.transaction().guard(lock)
+                  .kv.get("reports", "2026-11-30")
+                  .kv.get_many("reports", ["2026-11-29", "2026-11-30"])
+                  .queue("reports").push({"data": 1, "transactionId": "t-1"})
+                  .commit())
+        assert answer, answer
+        expected = {
+            "operations": [{"type": "push", "items": [
+                {"queue": "reports", "payload": 1, "transactionId": "t-1"}]}],
+            "requiredLeases": [],
+            "kv": [lock.guard(),
+                   {"op": "get", "ns": "reports", "key": "2026-11-30"},
+                   {"op": "getMany", "ns": "reports", "keys": ["2026-11-29", "2026-11-30"]}],
+        }
+        got = encode_body("transaction", sent[0])
+        assert got == wire(expected), f"the bytes sent:\n{got!r}\nexpected:\n{wire(expected)!r}"
+        flat = [r.get("type") or ("read" if "found" in r or "rows" in r else "guard")
+                for r in answer["results"]]
+        assert flat == ["push", "guard", "read", "read"], f"reads answer after the push: {answer}"
+
     def test_a_bundle_without_guards_or_kv_ops_sends_no_kv_key(self, fq: qs.Queen) -> None:
         sent = capture(fq)
         assert fq.transaction().queue("reports").push({"transactionId": "t-1",
@@ -194,10 +220,10 @@ class TestTheFlatIndex:
     @settings(max_examples=25, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(items=st.lists(st.integers(0, 3), max_size=3), acks=st.integers(0, 2),
-           kv_before=st.integers(0, 2), data=st.data())
+           kv_before=st.integers(0, 2), reads=st.integers(0, 2), data=st.data())
     def test_a_lost_required_op_is_named_at_its_flat_index_and_nothing_lands(
         self, fake: FakeBroker, fq: qs.Queen, items: list[int], acks: int, kv_before: int,
-        data: st.DataObject
+        reads: int, data: st.DataObject
     ) -> None:
         fq.kv.put("gate", "taken", "x", forever=True)
         txn = fq.transaction()
@@ -207,12 +233,17 @@ class TestTheFlatIndex:
             txn.ack({"transactionId": f"m{n}", "partitionId": "p"})
         for n in range(kv_before):
             txn.kv.put("out", f"k{n}", n, forever=True)
+        for n in range(reads):  # a read never fails a bundle, but it counts as one op
+            if n % 2:
+                txn.kv.get("out", f"k{n}")
+            else:
+                txn.kv.get_many("out", ["k0", "k1"])
         txn.kv.put_if_absent("gate", "taken", "y", forever=True, required=True)
         txn.kv.put("out", "after", 1, forever=True)
         if data.draw(st.booleans(), label="a timer rides too"):
             txn.timer("t").key("k").payload(1).after_ms(10).schedule()
         answer = txn.commit()
-        expected = sum(items) + acks + kv_before
+        expected = sum(items) + acks + kv_before + reads
         assert not answer and answer["failedIndex"] == expected, (expected, answer)
         assert fake.pushed() == [] and fake.acked() == [] and fake.timers() == [], \
             "a rolled-back bundle pushes, acks and schedules nothing"
