@@ -206,3 +206,55 @@ def takeovers(url: str, samples: int, ttl: float, expiry: bool = False
             else:
                 print(f"   sample {i}: held {from_kill[-1] * 1000:.0f} ms after the kill")
     return from_kill, from_expiry
+
+
+# ---- contended pairs/s: several processes taking turns on one lock ----------------------
+
+
+def queen_contender(url: str, start_at: float, seconds: float, pipe: Any) -> None:
+    """From ``start_at`` for ``seconds``: take ``contended`` (waiting), release, count."""
+    with qs.Queen(url) as q:
+        lock = q.lock("contended", ttl=30)
+        pipe.send(_count_turns(lambda: lock.acquire(wait=10), lock.release, start_at, seconds))
+
+
+def filelock_contender(path: str, start_at: float, seconds: float, pipe: Any) -> None:
+    """The same turns through ``filelock.FileLock`` (blocking acquire), for the comparison."""
+    import filelock  # the baseline, imported only in the children that measure it
+
+    lock = filelock.FileLock(path)
+    pipe.send(_count_turns(lambda: bool(lock.acquire()), lock.release, start_at, seconds))
+
+
+def _count_turns(take: Callable[[], bool], give: Callable[[], Any], start_at: float,
+                 seconds: float) -> int:
+    time.sleep(max(0.0, start_at - time.time()))
+    done, ends_at = 0, start_at + seconds
+    while time.time() < ends_at:
+        if not take():
+            raise RuntimeError("a contender gave up waiting for its turn")
+        give()
+        done += 1
+    return done
+
+
+def contended_rate(worker: Callable[[str, float, float, Any], None], target: str,
+                   processes: int, seconds: float) -> float:
+    """Acquisitions per second summed over ``processes`` 'spawn' children of ``worker``."""
+    start_at = time.time() + 2.0  # every child has imported and connected by then
+    pipes, children = [], []
+    for _ in range(processes):
+        here, there = CTX.Pipe()
+        child = CTX.Process(target=worker, args=(target, start_at, seconds, there), daemon=True)
+        child.start()
+        pipes.append(here)
+        children.append(child)
+    total = sum(int(pipe.recv()) for pipe in pipes)
+    for child in children:
+        child.join(10)
+    return total / seconds
+
+
+def load_average() -> str:
+    """The 1-minute load average, shown beside each figure (the machine is shared)."""
+    return f"load {os.getloadavg()[0]:.2f}"

@@ -6,11 +6,17 @@ Starts a throwaway server with the tests' helper (``tests/pg_server.py``: it nee
 ``initdb`` and ``pg_ctl``), unless ``--url`` names one to use.
 
 1. uncontended acquire+release pairs/s: a ``Lock`` handle and the ``q.locks`` wire,
-   beside ``pg_try_advisory_lock``/``pg_advisory_unlock`` on one connection, and the
-   engine's own SQL for one pair replayed with none of its Python (the design's ceiling);
+   beside ``pg_try_advisory_lock``/``pg_advisory_unlock`` on one connection, the
+   engine's own SQL for one pair replayed with none of its Python, a lease done as one
+   bare SQL statement per call (the ceiling of any design with a durable acquire), and
+   two trivial round trips (the floor of any two-call pair);
 2. hand-off latency: one process releases, another waiting in ``acquire(wait=...)``
    (woken by LISTEN/NOTIFY) holds it; beside a waiter blocked in ``pg_advisory_lock``;
-3. takeover after the holder is SIGKILLed (ttl 2 s), from the kill.
+3. takeover after the holder is SIGKILLed (ttl 2 s), from the kill;
+4. four processes taking turns on one lock, each turn incrementing a counter row:
+   acquisitions/s and lost updates, beside the same turns under ``pg_advisory_lock``;
+5. what else is held: handle pairs/s with 10,000 other leases held in the store, beside
+   an empty store; and ``close()`` of a client whose handles hold 5,000 leases.
 
 A summary table with targets and ratios closes the run.
 """
@@ -28,6 +34,7 @@ from typing import Any, Callable, Iterator, Optional
 import psycopg
 
 import queen_sync as qs
+from queen_sync._ops import LockOps  # op builders: a measurement, not an API
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _measure, in spawn children too
 import _measure as m
@@ -39,72 +46,109 @@ RAW_KEY = 424242
 
 
 @contextlib.contextmanager
-def replayed_pair(q: qs.Queen) -> Iterator[Callable[[], None]]:
-    """A pair made of the exact SQL one acquire and one release send, replayed bare.
+def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
+    """The engine's SQL for one pair, sent bare: its one-statement acquire, then the
+    one-trip guarded release of the permit it returned.
 
-    The ceiling of the engine's design (an acquire in two round trips with a durable
-    commit, a release in one) with none of its Python: what is left between this and
-    the handle is our code and the driver's. Reaches into the engine's private
-    connection handling; a measurement, not an API.
+    What is left between this and the handle is our Python and the driver's. Reaches
+    into the engine's private statements; a measurement, not an API.
     """
+    from queen_sync._engines.postgres.sql import ASYNC_COMMIT
+    from queen_sync._engines.postgres.txn import entity_key
+
     storage: Any = q.engine.storage  # type: ignore[attr-defined]
-    sent: list[tuple[Any, Any]] = []
-    real_execute = psycopg.ClientCursor.execute
-
-    def recording(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-        sent.append((query, params))
-        return real_execute(self, query, params, **kw)
-
-    lock = q.lock("replayed", ttl=3600)  # its guard, replayed, must hold all run long
-    q.locks.get("replayed")  # the schema is made, and a connection prepared, before recording
-    psycopg.ClientCursor.execute = recording  # type: ignore[method-assign]
-    try:
-        assert lock.acquire()
-        lock.release()
-    finally:
-        psycopg.ClientCursor.execute = real_execute  # type: ignore[method-assign]
-    sent = [(query, params) for query, params in sent if not str(query).startswith("PREPARE")]
-    from queen_sync._engines.postgres.storage import Call
-    from queen_sync._engines.storage import Footprint
-
-    conn, pool = storage.sessions.checkout(Call(Footprint(), storage.where, 60.0))
-    try:
+    sql = storage.sql
+    q.locks.get("replayed")  # the schema is made, and the connection prepared
+    lock = (sql.lock, (sql.lock_class, entity_key("Lreplayed")))
+    value = '{"owner":"replayer","limit":1}'
+    acquire = (sql.acquire_scripted, ("queen-locks", "replayed#", "replayed$", 1, "replayer",
+                                      value, 30_000))
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
+        conn.execute(sql.prepare)
         cur = conn.cursor()
 
+        def send(statements: list[tuple[str, Any]]) -> list[Any]:
+            params = [p for _, ps in statements for p in ps]
+            cur.execute("; ".join(s for s, _ in statements), params)
+            while cur.nextset():
+                pass
+            return cur.fetchall()
+
         def replay_pair() -> None:
-            for query, params in sent:
-                cur.execute(query, params)
-                while cur.nextset():
-                    pass
+            now, key, token = send([lock, acquire])[0][:3]
+            guard = (sql.guard_row, ("queen-locks", key, token, now + 30_000, now, now, None, now))
+            send([(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
+                  (sql.notify, (sql.channel, "replayed"))])
 
         yield replay_pair
-    finally:
-        storage.sessions.checkin(conn, pool)
+
+
+ONE_STATEMENT_DDL = (
+    "CREATE TABLE IF NOT EXISTS bench_lease (name text PRIMARY KEY, owner text NOT NULL,"
+    " token bigint NOT NULL, expires_at timestamptz NOT NULL);"
+    "CREATE SEQUENCE IF NOT EXISTS bench_token")
+# A permit kept as a tombstone, its token drawn under the row's lock: one statement a call.
+ONE_STATEMENT_ACQUIRE = (
+    "INSERT INTO bench_lease VALUES (%s, %s, nextval('bench_token'), now() + interval '30 s')"
+    " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = nextval('bench_token'),"
+    " expires_at = EXCLUDED.expires_at WHERE bench_lease.expires_at < now() RETURNING token")
+ONE_STATEMENT_RELEASE = (
+    "SET LOCAL synchronous_commit = off; UPDATE bench_lease SET expires_at = '-infinity'"
+    " WHERE name = %s AND token = %s RETURNING 1")
+
+
+def one_statement_pair(conn: psycopg.Connection[Any]) -> Callable[[], None]:
+    """A lease as one bare SQL statement per call, durable acquire, asynchronous release."""
+    conn.execute(ONE_STATEMENT_DDL)
+    cur = psycopg.ClientCursor(conn)
+
+    def pair() -> None:
+        token = cur.execute(ONE_STATEMENT_ACQUIRE, ("one", "me")).fetchone()
+        if token is None:
+            raise RuntimeError("the one-statement lease was not free")
+        cur.execute(ONE_STATEMENT_RELEASE, ("one", token[0]))
+
+    return pair
 
 
 def bench_pairs(url: str, seconds: float) -> None:
     print("1. uncontended acquire+release pairs/s, interleaved rounds")
     with qs.Queen(url) as q, psycopg.connect(url, autocommit=True) as conn, \
-            replayed_pair(q) as replay:
+            replayed_pair(q, url) as replay:
 
         def raw_pair() -> None:
             conn.execute("SELECT pg_try_advisory_lock(%s)", (RAW_KEY,)).fetchone()
             conn.execute("SELECT pg_advisory_unlock(%s)", (RAW_KEY,)).fetchone()
 
-        measured = m.rates({**m.queen_pairs(q), "replayed": replay, "raw": raw_pair},
+        def floor_pair() -> None:
+            conn.execute("SELECT 1").fetchone()
+            conn.execute("SELECT 1").fetchone()
+
+        measured = m.rates({**m.queen_pairs(q), "replayed": replay, "raw": raw_pair,
+                            "one": one_statement_pair(conn), "floor": floor_pair},
                            seconds * 3, batch=50)
-    handle, wire, replayed, raw = (measured[k] for k in ("handle", "wire", "replayed", "raw"))
+    handle, wire, replayed, raw, one, floor = (
+        measured[k] for k in ("handle", "wire", "replayed", "raw", "one", "floor"))
     for label, value in (("Lock handle (auto-renewed)", handle), ("q.locks wire", wire),
                          ("its SQL replayed, no Python", replayed),
-                         ("raw pg_try_advisory_lock", raw)):
+                         ("one bare statement per call", one),
+                         ("raw pg_try_advisory_lock", raw),
+                         ("two trivial round trips", floor)):
         print(f"   {label:30s} {value:10,.0f} pairs/s")
+    print(f"   ({m.load_average()})")
     m.row("pairs/s, Lock handle", f"{handle:,.0f}", f"{handle / raw:.2f}x raw advisory",
         ">= 1,333", handle >= 1333)
     m.row("pairs/s, q.locks wire", f"{wire:,.0f}", f"{wire / raw:.2f}x raw advisory", ">= 1,333",
         wire >= 1333)
     m.row("pairs/s, SQL replayed", f"{replayed:,.0f}", f"{replayed / raw:.2f}x raw advisory",
           "(ceiling)", None)
+    m.row("pairs/s, one statement a call", f"{one:,.0f}", f"{one / raw:.2f}x raw advisory",
+          "(ceiling)", None)
     m.row("pairs/s, raw advisory lock", f"{raw:,.0f}", "baseline (no lease, no token)", "", None)
+    m.row("pairs/s, two trivial trips", f"{floor:,.0f}", f"{floor / raw:.2f}x raw advisory",
+          "(floor)", None)
+    m.row("Lock handle / raw advisory", f"{handle / raw:.2f}x", m.load_average(), ">= 0.5x",
+          handle / raw >= 0.5)
 
 
 # ---- 2. hand-off latency ----------------------------------------------------------------
@@ -133,7 +177,7 @@ def bench_handoff(url: str, samples: int) -> None:
         print(f"   {label:28s} {m.latency_line(values)}")
     p50, raw50 = m.percentile(ours, 50), m.percentile(raw, 50)
     m.row("hand-off p50", m.ms(p50), f"p95 {m.ms(m.percentile(ours, 95))}; raw p50 {m.ms(raw50)} "
-        f"({p50 / raw50:.1f}x)", "<= 10 ms", p50 <= 0.010)
+        f"({p50 / raw50:.1f}x)", "<= 5 ms", p50 <= 0.005)
 
 
 # ---- 3. takeover after SIGKILL ----------------------------------------------------------
@@ -146,6 +190,113 @@ def bench_takeover(url: str, samples: int, ttl: float = 2.0) -> None:
     m.row("takeover after SIGKILL (worst)", f"{worst * 1000:.0f} ms",
         f"median {statistics.median(from_kill) * 1000:.0f} ms", f"<= {ttl * 1000 + 100:.0f} ms",
         worst <= ttl + 0.1)
+
+
+# ---- 4. contended turns -------------------------------------------------------------------
+
+
+def _count_increments(url: str, take: Callable[[], bool], give: Callable[[], Any],
+                      start_at: float, seconds: float) -> int:
+    """Turns from ``start_at`` for ``seconds``; each reads the counter and writes it + 1.
+
+    The read and the write are two statements on a connection of their own, so two
+    holders at once would lose an update: the counter ends below the turns counted.
+    """
+    # The counter need not survive a crash, so its commits do not wait for the disk.
+    with psycopg.connect(url, autocommit=True, options="-c synchronous_commit=off") as counter:
+        time.sleep(max(0.0, start_at - time.time()))
+        done, ends_at = 0, start_at + seconds
+        while time.time() < ends_at:
+            if not take():
+                raise RuntimeError("a contender gave up waiting for its turn")
+            row = counter.execute("SELECT n FROM bench_counter").fetchone()
+            counter.execute("UPDATE bench_counter SET n = %s", ((row[0] if row else 0) + 1,))
+            give()
+            done += 1
+    return done
+
+
+def lease_contender(url: str, start_at: float, seconds: float, pipe: Any) -> None:
+    with qs.Queen(url) as q:
+        lock = q.lock("contended", ttl=30)
+        pipe.send(_count_increments(url, lambda: lock.acquire(wait=10), lock.release, start_at,
+                                    seconds))
+
+
+def advisory_contender(url: str, start_at: float, seconds: float, pipe: Any) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        def take() -> bool:
+            conn.execute("SELECT pg_advisory_lock(%s)", (RAW_KEY,)).fetchone()
+            return True
+
+        def give() -> None:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (RAW_KEY,)).fetchone()
+
+        pipe.send(_count_increments(url, take, give, start_at, seconds))
+
+
+def _turns(url: str, worker: Callable[[str, float, float, Any], None], processes: int,
+           seconds: float) -> tuple[float, int]:
+    """Acquisitions/s of ``processes`` contenders, and the updates they lost."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_counter (n bigint NOT NULL)")
+        conn.execute("DELETE FROM bench_counter")
+        conn.execute("INSERT INTO bench_counter VALUES (0)")
+        rate = m.contended_rate(worker, url, processes, seconds)
+        row = conn.execute("SELECT n FROM bench_counter").fetchone()
+    return rate, round(rate * seconds) - (row[0] if row else 0)
+
+
+def bench_contended(url: str, seconds: float, processes: int = 4) -> None:
+    print(f"4. {processes} processes taking turns on one lock, {seconds:g} s each")
+    ours, lost = _turns(url, lease_contender, processes, seconds)
+    raw, raw_lost = _turns(url, advisory_contender, processes, seconds)
+    print(f"   queen_sync Lock (LISTEN wake)  {ours:10,.0f} acquisitions/s, {lost} lost updates")
+    print(f"   blocking pg_advisory_lock      {raw:10,.0f} acquisitions/s, {raw_lost} lost updates")
+    print(f"   ({m.load_average()})")
+    m.row(f"contended, {processes} processes", f"{ours:,.0f}/s",
+          f"{ours / raw:.2f}x advisory ({raw:,.0f}/s); {lost} lost updates", ">= 0.3x, 0 lost",
+          ours / raw >= 0.3 and lost == 0)
+
+
+# ---- 5. what else is held ----------------------------------------------------------------
+
+
+def _hold_many(q: qs.Queen, count: int) -> None:
+    """``count`` leases taken through the wire in batches (nobody renews them: TTL 1 h)."""
+    for start in range(0, count, 1000):
+        ops = [LockOps.acquire(f"other-{i}", ttl_seconds=3600, owner="bystander")
+               for i in range(start, min(count, start + 1000))]
+        q.locks.batch(ops)
+
+
+def bench_held(url: str, seconds: float, others: int, closing: int) -> None:
+    print(f"5. with {others:,} other leases held; close() of {closing:,} held leases")
+    with qs.Queen(f"{url}?schema=bench_empty") as empty, \
+            qs.Queen(f"{url}?schema=bench_full") as full:
+        _hold_many(full, others)
+        measured = m.rates({"empty": m.queen_pairs(empty)["handle"],
+                            "full": m.queen_pairs(full)["handle"]}, seconds * 2, batch=50)
+    ratio = measured["empty"] / measured["full"]
+    print(f"   empty store {measured['empty']:8,.0f} pairs/s; with {others:,} held "
+          f"{measured['full']:8,.0f} pairs/s ({m.load_average()})")
+    m.row(f"pairs/s, {others:,} others held", f"{measured['full']:,.0f}",
+          f"empty store {measured['empty']:,.0f} ({ratio:.2f}x slower)", "<= 1.2x", ratio <= 1.2)
+    closing_url = f"{url}?schema=bench_close"
+    q = qs.Queen(closing_url)
+    for i in range(closing):
+        if not q.lock(f"closing-{i}", ttl=60).acquire():
+            raise RuntimeError("a lease to close could not be taken")
+    started = time.monotonic()
+    q.close()
+    took = time.monotonic() - started
+    with qs.Queen(closing_url) as check:
+        names = [f"closing-{i}" for i in range(closing)]
+        left = sum(bool(r["held"]) for start in range(0, closing, 200) for r in
+                   check.locks.batch([LockOps.get(n) for n in names[start:start + 200]]))
+    print(f"   close(): {took:.2f} s, {left} of {closing:,} leases left held")
+    m.row(f"close() of {closing:,} leases", f"{took:.2f} s", f"{left} left held",
+          "all released", left == 0)
 
 
 @contextlib.contextmanager
@@ -171,14 +322,24 @@ def main() -> None:
     parser.add_argument("--url", help="an existing server to use (default: start one)")
     parser.add_argument("--no-fsync", action="store_true",
                         help="start the server with fsync=off (faster commits, not durable)")
+    parser.add_argument("--only", choices=["pairs", "handoff", "takeover", "contended", "held"],
+                        action="append", help="run only these sections (repeatable)")
     args = parser.parse_args()
+    chosen = set(args.only or ["pairs", "handoff", "takeover", "contended", "held"])
     with server_url(args.url, fsync=not args.no_fsync) as url:
         with qs.Queen(url) as q:
             print(f"{q.url}; {os.cpu_count()} CPUs; queen_sync {qs.__version__}; "
                   f"fsync {'off' if args.no_fsync else 'on'}\n")
-        bench_pairs(url, 0.5 if args.quick else 1.5)
-        bench_handoff(url, 40 if args.quick else 200)
-        bench_takeover(url, 2 if args.quick else 4)
+        sections: list[tuple[str, Callable[[], None]]] = [
+            ("pairs", lambda: bench_pairs(url, 0.5 if args.quick else 1.5)),
+            ("handoff", lambda: bench_handoff(url, 40 if args.quick else 200)),
+            ("takeover", lambda: bench_takeover(url, 2 if args.quick else 4)),
+            ("contended", lambda: bench_contended(url, 3.0 if args.quick else 8.0)),
+            ("held", lambda: bench_held(url, 0.5 if args.quick else 1.5, 10_000,
+                                        1_000 if args.quick else 5_000))]
+        for section, run in sections:
+            if section in chosen:
+                run()
     m.summary()
 
 

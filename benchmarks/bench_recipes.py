@@ -155,6 +155,12 @@ def bench_rates(engine: str, url: str, sizes: list[int], drained: int) -> dict[i
         print(f"{engine}: {rate:,.0f} claims+completes/s with {WORKERS} workers, "
               f"{submitted:,} submitted, {take:,} drained ({load()})")
         m.row(f"{engine} claims+completes/s, {submitted:,} submitted", f"{rate:,.0f}/s")
+    smallest, largest = min(out), max(out)
+    if largest > smallest:
+        # The queue's history must not slow a claim: the largest queue within 2x of the smallest.
+        ratio = out[largest] / out[smallest]
+        m.row(f"{engine} claims+completes/s, {largest:,} vs {smallest:,} submitted",
+              f"{ratio:.2f}x", "", ">= 0.5x", ratio >= 0.5)
     return out
 
 
@@ -269,14 +275,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller queues, fewer samples")
     parser.add_argument("--url", help="an existing PostgreSQL server (default: start one)")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL (and pgqueuer) only")
     args = parser.parse_args()
     # A stopped run still removes its server: SIGTERM unwinds through the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.sizes = [200, 5000] if args.quick else [1000, 100_000]
     args.drained = 200 if args.quick else 1000
     print(f"{os.cpu_count()} CPUs; queen_sync {qs.__version__}; {load()}\n")
-    with tempfile.TemporaryDirectory() as folder:
-        run_engine("sqlite", "sqlite://" + os.path.join(folder, "queue.db"), args)
+    if not args.no_sqlite:
+        with tempfile.TemporaryDirectory() as folder:
+            run_engine("sqlite", "sqlite://" + os.path.join(folder, "queue.db"), args)
     if not args.no_postgres:
         from bench_postgres import server_url  # starts a throwaway server, as its tests do
 

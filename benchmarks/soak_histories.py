@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests.history, and pg_server for the driver
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # history, and pg_server for the driver
 
-from tests.history import driver  # noqa: E402  (needs the path above)
+from history import driver  # noqa: E402  (needs the path above; the name pytest gives it)
 
 
 def main() -> int:

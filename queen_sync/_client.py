@@ -27,7 +27,7 @@ from ._engines.base import Capabilities, Engine
 from ._errors import ProtocolError, QueenError
 from ._handle.kv import Kv
 from ._handle.lock import Lock
-from ._handle.renewer import Renewer
+from ._handle.renewer import GiveBack, Renewer
 from ._handle.transaction import Transaction
 from ._metrics import Metrics
 from ._ops import MAX_LIMIT, LockOps, check_int
@@ -42,9 +42,11 @@ def default_url() -> str:
     url = os.environ.get("QUEEN_URL")
     if url:
         return url
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                             "state")
-    return "sqlite://" + os.path.join(state, "queen_sync", "queen.db")
+    import platformdirs  # on first use only: most clients name their URL
+
+    # Linux: $XDG_STATE_HOME, else ~/.local/state; macOS: ~/Library/Application Support.
+    state = platformdirs.user_state_dir("queen_sync", appauthor=False)
+    return "sqlite://" + os.path.join(state, "queen.db")
 
 
 class Locks:
@@ -58,20 +60,47 @@ class Locks:
     def acquire(self, name: str, *, ttl_seconds: Optional[int] = None,
                 ttl: Optional[Duration] = None, owner: Optional[str] = None,
                 limit: Optional[int] = None) -> Result:
+        """Ask for a permit of ``name`` once, keeping nothing: no handle, no renewing.
+
+        Give exactly one of ``ttl`` and ``ttl_seconds``; a fractional lifetime is rounded
+        up to whole seconds. ``limit`` makes ``name`` a semaphore of that many permits.
+
+        Returns:
+            ``{"acquired": True, "slot", "token", "owner", "guard"}``, or
+                ``{"acquired": False, "reason": "held" or "contended", "holders"}``.
+        """
         seconds = wire_seconds(lifetime(ttl, ttl_seconds))
         return self._one(LockOps.acquire(name, ttl_seconds=seconds, owner=owner, limit=limit))
 
     def renew(self, name: str, *, token: int, ttl_seconds: Optional[int] = None,
               ttl: Optional[Duration] = None, slot: Optional[int] = None,
               owner: Optional[str] = None) -> Result:
+        """Extend the permit held at ``token`` by a new lifetime, once.
+
+        Returns:
+            ``{"renewed": True, "slot", "token", "guard"}`` with a NEW token, or
+                ``{"renewed": False, "reason": "lost", "holders"}``.
+        """
         seconds = wire_seconds(lifetime(ttl, ttl_seconds))
         return self._one(LockOps.renew(name, token=token, ttl_seconds=seconds, slot=slot,
                                        owner=owner))
 
     def release(self, name: str, *, token: int, slot: Optional[int] = None) -> Result:
+        """Give back the permit held at ``token``.
+
+        Returns:
+            ``{"released": True}``, or ``{"released": False, "reason": "lost"}`` when
+                ``token`` no longer holds it.
+        """
         return self._one(LockOps.release(name, token=token, slot=slot))
 
     def get(self, name: str) -> Result:
+        """Read who holds ``name`` now, taking nothing.
+
+        Returns:
+            ``{"held": bool, "holders": [...]}``, one entry per live permit (``slot``,
+                ``owner``, ``token``, ``since``, ``expiresAt``, ``renewedAt``; epoch ms).
+        """
         return self._one(LockOps.get(name))
 
     def batch(self, operations: Sequence[Mapping[str, Any]]) -> list[Result]:
@@ -81,14 +110,18 @@ class Locks:
     def release_all(self) -> int:
         """Give back every permit this client's handles hold, best effort.
 
-        A permit that cannot be given back is logged and expires by itself within its TTL.
-        The handles stay usable: each can acquire again.
+        They are given back in batches, a few engine calls for thousands of leases. Those
+        that cannot be are told in one warning and expire by themselves within their TTL;
+        ``release()`` on such a handle tries again. The handles stay usable: each can
+        acquire again.
 
         Returns:
             How many handles held a permit.
         """
         held = self._client.renewer.held()
-        release_each(held)
+        tally = self._client.renewer.give_back(held, GiveBack(len(held)))
+        if tally.left:
+            log.warning("%s", tally.summary("release_all()"))
         return len(held)
 
     def _one(self, op: dict[str, Any]) -> Result:
@@ -168,7 +201,8 @@ class Queen:
         Args:
             name: the lock's name (1..256 UTF-8 bytes, no control characters, no ``#``).
             ttl: the lease's lifetime (seconds, a ``timedelta`` or text such as ``"2m"``);
-                at most 10 years. Required: there is no default lifetime.
+                at least 1 second (``MIN_TTL_SECONDS``), at most 10 years. Required:
+                there is no default lifetime.
             ttl_seconds: the lifetime as a whole number of seconds, instead of ``ttl``.
             owner: the identity the engine knows this holder by (default: a fresh
                 ``host:pid:random`` per handle). Calls from one owner count as resends, so
@@ -212,6 +246,7 @@ class Queen:
 
     @property
     def engine(self) -> Engine:
+        """The engine this client sends its calls to."""
         return self._engine
 
     @property
@@ -221,6 +256,7 @@ class Queen:
 
     @property
     def capabilities(self) -> Capabilities:
+        """What the engine guarantees and offers (fencing, waking waiters, several hosts)."""
         return self._engine.capabilities
 
     def held(self) -> list[Lock]:
@@ -310,7 +346,12 @@ class Queen:
     # ---- process life ------------------------------------------------------------------
 
     def close(self, timeout: float = EXIT_BUDGET) -> None:
-        """Release every lease this client's handles hold (bounded time), then close the engine."""
+        """Release every lease this client's handles hold (bounded time), then close the engine.
+
+        Leases are released in batches (a few engine calls for thousands), and no batch
+        starts after ``timeout`` seconds. What is not given back is told in one warning;
+        those permits expire by themselves within their TTL.
+        """
         started = time.monotonic()
         with self._acquires_done:
             if self._closing:
@@ -323,8 +364,12 @@ class Queen:
         held = self.renewer.held()
         self.renewer.stop()
         if held:
-            _bounded(lambda: release_each(held),
-                     max(0.0, timeout - (time.monotonic() - started)))
+            # Batches stop starting at the deadline; the one in flight then is cut loose.
+            tally, deadline = GiveBack(len(held)), started + timeout
+            _bounded(lambda: self.renewer.give_back(held, tally, deadline),
+                     max(0.0, deadline - time.monotonic()))
+            if tally.left:
+                log.warning("%s", tally.summary(f"closing {self.url} within {timeout:g}s"))
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
@@ -401,17 +446,7 @@ def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Quee
     return Queen(url, **options)
 
 
-def release_each(held: list[Lock]) -> None:
-    """Release each handle, logging (not raising) a failure: it expires by itself."""
-    for lock in held:
-        try:
-            lock.release()
-        except Exception:
-            log.warning("could not release lock %r; it expires by itself", lock.name,
-                        exc_info=True)
-
-
-def _bounded(work: Callable[[], None], timeout: float) -> None:
+def _bounded(work: Callable[[], object], timeout: float) -> None:
     """Run ``work`` in a helper thread and wait at most ``timeout`` for it."""
     worker = threading.Thread(target=work, name="queen_sync-close", daemon=True)
     try:

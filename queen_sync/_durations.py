@@ -14,6 +14,16 @@ Duration = Union[int, float, timedelta, str]
 # 9999); ten years is inside every engine's range, so it is refused here instead.
 MAX_TTL_SECONDS = 10 * 365 * 86400
 
+# The shortest lifetime a lease may have. The renewer renews at a third of the lifetime, so
+# a 10 ms lease would send hundreds of renews a second and expire before a slow call came
+# back. Key/value expiry is data, not a lease: it has no minimum (the wire rounds it up).
+MIN_TTL_SECONDS = 1.0
+
+# The shortest renew interval a lease may ask for: how often the renewer renews the shortest
+# lease by default (a third of it). A shorter one would bring the renew storm back that the
+# minimum lifetime keeps out.
+MIN_RENEW_EVERY_SECONDS = MIN_TTL_SECONDS / 3
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -59,9 +69,7 @@ def _parse_text(text: str, what: str) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if not compact or pos != len(compact):
-        raise ValueError(
-            f"{what} {text!r} is not a duration; write e.g. '30s', '5m', '1h30m', '250ms'"
-        )
+        raise ValueError(f"{what}: {text!r} is not a duration (e.g. 30s, 5m, 1h30m)")
     return total
 
 
@@ -96,15 +104,58 @@ def _at_most_max(seconds: float, what: str, given: Any) -> float:
     return seconds
 
 
+def lease_seconds(ttl: Duration, *, what: str = "ttl") -> float:
+    """Seconds of a lease's lifetime: from ``MIN_TTL_SECONDS`` to ``MAX_TTL_SECONDS``.
+
+    Raises:
+        TypeError: for a value of the wrong type.
+        ValueError: for a malformed duration, or one shorter than a second or longer than
+            10 years.
+    """
+    seconds = _at_most_max(parse_duration(ttl, what=what), what, ttl)
+    if seconds < MIN_TTL_SECONDS:
+        raise ValueError(
+            f"{what}: a lease must last at least {MIN_TTL_SECONDS:g} second, got {ttl!r} "
+            "(it is renewed at a third of its lifetime)")
+    return seconds
+
+
+def renew_interval(renew_every: Optional[Duration], ttl: float) -> float:
+    """Seconds between renewals of a ``ttl``-second lease: ``renew_every``, else a third of it.
+
+    Raises:
+        TypeError: for a value of the wrong type.
+        ValueError: for a malformed duration, one below ``MIN_RENEW_EVERY_SECONDS``, or one
+            not shorter than ``ttl``.
+    """
+    if renew_every is None:
+        return ttl / 3
+    seconds = parse_duration(renew_every, what="renew_every")
+    if seconds < MIN_RENEW_EVERY_SECONDS:
+        raise ValueError(
+            f"renew_every must be at least {MIN_RENEW_EVERY_SECONDS:.3f}s (a third of the "
+            f"shortest lease, {MIN_TTL_SECONDS:g}s), got {renew_every!r}")
+    if seconds >= ttl:
+        raise ValueError(f"renew_every ({seconds}s) must be shorter than ttl ({ttl}s)")
+    return seconds
+
+
 def lifetime(
     ttl: Optional[Duration], ttl_seconds: Optional[int], *, what: str = "ttl"
 ) -> float:
-    """Seconds of exactly one of ``ttl``/``ttl_seconds``; there is no default lifetime.
+    """Seconds of a lease's lifetime, exactly one of ``ttl``/``ttl_seconds`` (no default).
 
     Raises:
         TypeError: for none or both of them, or a value of the wrong type.
-        ValueError: for a lifetime that is not positive or is longer than 10 years.
+        ValueError: for a lifetime shorter than a second or longer than 10 years.
     """
+    if ttl is None or ttl_seconds is not None:  # whole seconds > 0 meet the minimum already
+        return _one_lifetime(ttl, ttl_seconds, what)
+    return lease_seconds(ttl, what=what)
+
+
+def _one_lifetime(ttl: Optional[Duration], ttl_seconds: Optional[int], what: str) -> float:
+    """Seconds of exactly one of ``ttl``/``ttl_seconds``, with no minimum beyond > 0."""
     if (ttl is None) == (ttl_seconds is None):
         raise TypeError(f"give exactly one of {what}= or {what}_seconds= (there is no default)")
     if ttl_seconds is not None:
@@ -144,4 +195,4 @@ def expiry_fields(
         if seconds <= 0:
             raise ValueError(f"until must be in the future, got {until.isoformat()}")
         return {"ttlSeconds": wire_seconds(_at_most_max(seconds, "until", until.isoformat()))}
-    return {"ttlSeconds": wire_seconds(lifetime(ttl, ttl_seconds))}
+    return {"ttlSeconds": wire_seconds(_one_lifetime(ttl, ttl_seconds, "ttl"))}

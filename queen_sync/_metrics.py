@@ -32,14 +32,17 @@ class Metrics:
         self._min_margin: Optional[float] = None
 
     def count(self, outcome: str, n: int = 1) -> None:
+        """Add ``n`` to the counter of ``outcome`` (one of ``OUTCOMES``)."""
         with self._lock:
             self._counts[outcome] += n
 
     def held(self, delta: int) -> None:
+        """Move the ``held`` gauge (leases held now) by ``delta``; it never goes below 0."""
         with self._lock:
             self._held = max(0, self._held + delta)
 
     def observe(self, timing: str, seconds: float) -> None:
+        """Record one duration of ``timing`` (one of ``TIMINGS``): its count, sum and max."""
         with self._lock:
             entry = self._timings[timing]
             entry[0] += 1

@@ -63,7 +63,11 @@ def _text(value: Any, what: str, *, max_bytes: int, error: Any) -> str:
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     if not value:
         raise error(f"{what} must not be empty")
-    if len(value.encode("utf-8")) > max_bytes:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: a byte of another encoding, escaped
+        raise error(f"{what} {value!r} is not valid UTF-8") from None
+    if size > max_bytes:
         raise error(f"{what} is longer than {max_bytes} UTF-8 bytes")
     if _CONTROL.search(value):
         raise error(f"{what} {value!r} contains a control character")
@@ -291,6 +295,7 @@ class LockOps:
     def acquire(
         name: str, *, ttl_seconds: int, owner: Optional[str] = None, limit: Optional[int] = None
     ) -> dict[str, Any]:
+        """An ``acquire`` op: take a free permit of ``name`` for ``ttl_seconds``."""
         op: dict[str, Any] = {"op": "acquire", "name": name, "ttlSeconds": ttl_seconds}
         if owner is not None:
             op["owner"] = owner
@@ -307,6 +312,7 @@ class LockOps:
         slot: Optional[int] = None,
         owner: Optional[str] = None,
     ) -> dict[str, Any]:
+        """A ``renew`` op: extend the permit held at ``token``; the answer has a new token."""
         op: dict[str, Any] = {"op": "renew", "name": name, "token": token,
                               "ttlSeconds": ttl_seconds}
         if slot is not None:
@@ -317,6 +323,7 @@ class LockOps:
 
     @staticmethod
     def release(name: str, *, token: int, slot: Optional[int] = None) -> dict[str, Any]:
+        """A ``release`` op: give back the permit held at ``token``."""
         op: dict[str, Any] = {"op": "release", "name": name, "token": token}
         if slot is not None:
             op["slot"] = slot
@@ -324,6 +331,7 @@ class LockOps:
 
     @staticmethod
     def get(name: str) -> dict[str, Any]:
+        """A lock ``get`` op: who holds ``name`` now."""
         return dict(check_lock_op({"op": "get", "name": name}))
 
 
@@ -344,10 +352,12 @@ class KvOps:
 
     @staticmethod
     def get(ns: str, key: str) -> dict[str, Any]:
+        """A ``get`` op: read one key."""
         return dict(check_kv_op({"op": "get", "ns": ns, "key": key}))
 
     @staticmethod
     def get_many(ns: str, keys: Sequence[str]) -> dict[str, Any]:
+        """A ``getMany`` op: read up to 1000 keys as one snapshot."""
         return dict(check_kv_op({"op": "getMany", "ns": ns, "keys": list(keys)}))
 
     @staticmethod
@@ -359,6 +369,7 @@ class KvOps:
         limit: Optional[int] = None,
         keys_only: bool = False,
     ) -> dict[str, Any]:
+        """A ``getPrefix`` op: one page of the live rows under ``prefix``, in key order."""
         op: dict[str, Any] = {"op": "getPrefix", "ns": ns, "prefix": prefix}
         if after is not None:
             op["after"] = after
@@ -373,6 +384,7 @@ class KvOps:
         ns: str, key: str, value: Any, *, expiry: Mapping[str, Any], expect: Any = ...,
         required: bool = False,
     ) -> dict[str, Any]:
+        """A ``put`` op: write ``value``; with ``expect``, only over that version."""
         op = {"op": "put", "ns": ns, "key": key, "value": value, **expiry}
         return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))
 
@@ -380,11 +392,13 @@ class KvOps:
     def put_if_absent(
         ns: str, key: str, value: Any, *, expiry: Mapping[str, Any], required: bool = False
     ) -> dict[str, Any]:
+        """A ``putIfAbsent`` op: write ``value`` only where no live row is."""
         op = {"op": "putIfAbsent", "ns": ns, "key": key, "value": value, **expiry}
         return dict(check_kv_op(_with_flags(op, required=required)))
 
     @staticmethod
     def delete(ns: str, key: str, *, expect: Any = ..., required: bool = False) -> dict[str, Any]:
+        """A ``delete`` op; with ``expect``, only when the row is at that version."""
         op = {"op": "delete", "ns": ns, "key": key}
         return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))
 
@@ -399,6 +413,7 @@ class KvOps:
         max: Optional[float] = None,
         required: bool = False,
     ) -> dict[str, Any]:
+        """An ``incr`` op: add ``delta``, refused past ``min``/``max`` (nothing spent then)."""
         op: dict[str, Any] = {"op": "incr", "ns": ns, "key": key, "delta": delta, **expiry}
         if min is not None:
             op["min"] = min
@@ -408,5 +423,6 @@ class KvOps:
 
     @staticmethod
     def check(ns: str, key: str, *, expect: int, required: bool = False) -> dict[str, Any]:
+        """A ``check`` op: applies only while ``key`` is at version ``expect`` (a guard)."""
         op = {"op": "check", "ns": ns, "key": key}
         return dict(check_kv_op(_with_flags(op, expect=expect, required=required)))

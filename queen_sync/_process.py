@@ -57,8 +57,15 @@ def _close_all_at_exit() -> None:
 def _after_fork_in_child() -> None:
     for _, ref in list(_TRACKED.values()):
         hook = ref()
-        if hook is not None:
+        if hook is None:
+            continue
+        # Each client on its own: a client whose hook raised must not leave the next ones
+        # believing they hold their parent's leases, with the parent's tokens.
+        try:
             hook()
+        except BaseException:
+            log.error("resetting a client in a forked child failed; do not use that client "
+                      "in this process", exc_info=True)
 
 
 atexit.register(_close_all_at_exit)

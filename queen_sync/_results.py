@@ -53,6 +53,7 @@ class Holder:
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Holder:
+        """Read one entry of a wire answer's ``holders`` list."""
         return cls(
             slot=int(raw["slot"]),
             owner=raw.get("owner"),
@@ -70,6 +71,7 @@ class Holder:
         return self.expires_at / 1000 - time.time()
 
     def describe(self) -> str:
+        """One line for people: ``slot 0 held by OWNER (token 7, expires in 55.0s)``."""
         return (f"slot {self.slot} held by {self.owner} (token {self.token}, "
                 f"expires in {seconds_text(self.expires_in)})")
 

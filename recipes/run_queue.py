@@ -176,16 +176,23 @@ class RunQueue:
         return f"{_LOCK_PREFIX}{self.name}/{run_id}"
 
     def submit(self, run_id: str, payload: Any = None) -> bool:
-        """Add a run; False (and nothing changes) when ``run_id`` is pending, or completed or
-        dead-lettered within the retention."""
+        """Add a run; False (and nothing changes) when ``run_id`` is already known.
+
+        Known means pending, or completed or dead-lettered within the retention.
+        """
         check_id(run_id, "run id", 180)
         txn = self._q.transaction()
         self._add_new(txn, run_id, payload)
         return bool(txn.commit())
 
     def submit_many(self, runs: Union[Mapping[str, Any], Iterable[tuple[str, Any]]]) -> int:
-        """Add many runs (``{run_id: payload}`` or pairs), a hundred per call; returns how
-        many were new. Every id is checked before anything is written."""
+        """Add many runs (``{run_id: payload}`` or pairs), a hundred per call.
+
+        Every id is checked before anything is written.
+
+        Returns:
+            How many of the runs were new.
+        """
         pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
         for run_id, _ in pairs:
             check_id(run_id, "run id", 180)
@@ -334,11 +341,11 @@ class RunQueue:
             ttl: the claim's lease; renewed in the background while this process lives.
 
         Returns:
-            the ``Claim``, or None when no run is free now (with ``run_id``: when that
-            run is held, completed, dead-lettered or was never submitted).
+            The ``Claim``, or None when no run is free now (with ``run_id``: when that
+                run is held, completed, dead-lettered or was never submitted).
         """
         who = check_id(holder, "holder", 200) if holder is not None else default_holder()
-        qs.parse_duration(ttl, what="ttl")
+        self._q.lock(self._lock_name(""), ttl=ttl)  # checks ttl before any I/O; sends nothing
         if run_id is not None:
             return self._claim_by_id(check_id(run_id, "run id", 180), who, ttl)
         start = self._cursor

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 PACKAGE = Path(__file__).resolve().parent.parent / "queen_sync"
 MAX_TOP_LEVEL_FILES = 15
@@ -47,14 +47,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> list[ast.stmt]:
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     """Every import statement that runs (anywhere), skipping ``if TYPE_CHECKING`` bodies."""
-    found: list[ast.stmt] = []
+    found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
+            for branch in node.orelse:
+                visit(branch)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
@@ -186,7 +186,7 @@ def defined_names(tree: ast.AST) -> set[str]:
     return names
 
 
-def reach_ins(trees: dict[str, ast.AST]) -> list[tuple[str, int, str]]:
+def reach_ins(trees: Mapping[str, ast.AST]) -> list[tuple[str, int, str]]:
     """``x._name`` (x not ``self``/``cls``) where ``_name`` is defined in another module only.
 
     Judged by name, not by type: a private name the module defines itself is taken as its

@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import queen_sync as qs
+from queen_sync.testing import FaultyEngine
 
 OUTCOMES = {"acquired", "busy", "renewed", "renew_error", "lost_renew", "lost_guard",
             "lost_expired", "released"}
-
-
-@pytest.fixture
-def mq(sqlite_url: str, clock: Any) -> Iterator[qs.Queen]:
-    """A client whose renewer the test ticks by hand on a manual clock."""
-    with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
-        yield q
-
-
-@pytest.fixture
-def other(sqlite_url: str) -> Iterator[qs.Queen]:
-    with qs.Queen(sqlite_url) as q:
-        yield q
 
 
 def _counts(q: qs.Queen) -> dict[str, int]:
@@ -64,19 +52,13 @@ class TestCounters:
         assert snap["renew_margin_min_seconds"] == pytest.approx(expected_margin), snap
 
     def test_a_failed_renew_counts_renew_error_not_a_loss(
-            self, mq: qs.Queen, clock: Any) -> None:
+            self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine, clock: Any) -> None:
+        mq = faulty_mq
         lock = mq.lock("a", ttl="30s")
         assert lock.acquire()
-        real = mq._engine.call
-
-        def down(route: str, body: Any) -> Any:
-            raise qs.EngineUnavailableError("engine down (simulated)")
-
-        mq._engine.call = down  # type: ignore[method-assign]  # simulate an outage
-        try:
-            _renew_now(mq, clock, lock)
-        finally:
-            mq._engine.call = real  # type: ignore[method-assign]
+        sqlite_faults.fail_next(None)  # an outage: every call fails until clear()
+        _renew_now(mq, clock, lock)
+        sqlite_faults.clear()
         counts = _counts(mq)
         assert counts["renew_error"] == 1 and counts["lost_renew"] == 0, counts
         assert lock.held and mq.metrics.snapshot()["held"] == 1, "an outage is not a loss"

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -34,12 +34,6 @@ def cells(monkeypatch: pytest.MonkeyPatch) -> FakeCells:
     module.get_ipython = lambda: shell  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "IPython", module)
     return shell
-
-
-@pytest.fixture
-def client(sqlite_url: str) -> Iterator[qs.Queen]:
-    with qs.Queen(sqlite_url) as q:
-        yield q
 
 
 def _settle(expected: int, timeout: float = 5.0) -> int:
@@ -73,7 +67,7 @@ class TestDisplays:
         html = busy._repr_html_()
         assert "busy" in html and holder.owner in html and "<table" in html, html
         assert holder.owner in listing.holders._repr_html_(), "a holder listing is a table"  # type: ignore[attr-defined]
-        assert holder.owner in listing.holders[0]._repr_html_()  # type: ignore[attr-defined]
+        assert holder.owner in listing.holders[0]._repr_html_()
         assert "acquired" in ran._repr_html_() and "value" in ran._repr_html_()
 
     def test_html_escapes_what_it_shows(self, client: qs.Queen) -> None:

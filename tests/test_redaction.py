@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -125,7 +127,7 @@ _ANY_TYPED = st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_cha
 _LEAKY_ROLE = "leaky"
 
 
-def _libpq_reading(url: str) -> dict[str, str]:
+def _libpq_reading(url: str) -> dict[str, Any]:
     """What libpq reads from ``url`` (empty when it refuses it)."""
     from psycopg import Error, conninfo
 
@@ -165,10 +167,12 @@ class TestPasswordsAsLibpqReadsThem:
         from psycopg import connect, sql
 
         host_port = role.rsplit("@", 1)[1].split("/", 1)[0]
+        port = host_port.rpartition(":")[2]
         plain = f"postgresql://{_LEAKY_ROLE}:{password}@{host_port}/postgres"
         reading = _libpq_reading(plain)
         url = plain + "?schema=leaky&timeout=3"  # this engine's options, not libpq's
-        read_whole = reading.get("host") == "127.0.0.1" and reading.get("user") == _LEAKY_ROLE
+        read_whole = (reading.get("host"), reading.get("port"), reading.get("user"),
+                      reading.get("dbname")) == ("127.0.0.1", port, _LEAKY_ROLE, "postgres")
         secret = reading.get("password", password) if read_whole else password
         with connect(role, autocommit=True) as admin:
             admin.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
@@ -210,6 +214,118 @@ class TestPasswordsAsLibpqReadsThem:
             assert typed not in done.stdout + done.stderr, f"the password shows: {done.stdout!r}"
 
 
+# A password as pieces: tell-tale tokens (letters no message or address holds) between the
+# characters that end a part of a URL or of its query. A token seen anywhere is a leak.
+_TOKENS = st.text(st.sampled_from("QZXJ"), min_size=3, max_size=5)
+_DELIMITERS = st.sampled_from([*"@?/&" * 3, *"#:%=,[] '\"", "%40", "%zz", "%2F"])
+_TOKEN = re.compile(r"[QZXJ]{3,}")
+
+
+@st.composite
+def pieced_passwords(draw: st.DrawFn) -> str:
+    """Tokens and delimiters taking turns: a cut after any delimiter leaves a token to show."""
+    pairs = draw(st.lists(st.tuples(_DELIMITERS, _TOKENS), min_size=1, max_size=3))
+    tail = draw(st.one_of(st.just(""), _DELIMITERS))
+    return draw(_TOKENS) + "".join(delimiter + token for delimiter, token in pairs) + tail
+
+
+def _pieced_url(shape: str, password: str) -> str:
+    port = free_port()  # nothing listens there: a URL libpq accepts fails fast
+    return {
+        "address": f"postgresql://{_LEAKY_ROLE}:{password}@127.0.0.1:{port}/postgres?timeout=1",
+        "no user": f"postgresql://:{password}@127.0.0.1:{port}/postgres?timeout=1",
+        "ipv6": f"postgresql://{_LEAKY_ROLE}:{password}@[::1]:{port}/postgres?timeout=1",
+        "hosts": f"postgresql://{_LEAKY_ROLE}:{password}@127.0.0.1:{port},[::1]:{port}/postgres"
+                 "?timeout=1",
+        "query": f"postgresql://{_LEAKY_ROLE}@127.0.0.1:{port}/postgres?timeout=1"
+                 f"&password={password}",
+    }[shape]
+
+
+class TestNoPieceOfAPassword:
+    """No piece of a password, however typed, shows in an error, a repr, a log line or the CLI."""
+
+    @settings(max_examples=int(os.environ.get("QUEEN_SYNC_REDACTION_EXAMPLES", "150")),
+              deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(password=pieced_passwords(),
+           shape=st.sampled_from(["address", "no user", "ipv6", "hosts", "query"]))
+    def test_no_piece_of_a_typed_password_shows_whether_the_url_is_used_or_refused(
+            self, caplog: pytest.LogCaptureFixture, password: str, shape: str) -> None:
+        pytest.importorskip("psycopg")
+        url = _pieced_url(shape, password)
+        caplog.clear()
+        caplog.set_level(logging.DEBUG, logger="queen_sync")
+        shown: list[str] = []
+        refused = False
+        try:
+            with qs.Queen(url, renew_thread=False) as q:
+                shown += [repr(q), q.url, str(q.engine.url)]
+                q.locks.get("x")
+        except qs.RequestError as error:
+            assert error.code == "bad_url", f"{url}: refused, but not as a bad URL: {error!r}"
+            refused, shown = True, shown + _shown_by(error)
+        except qs.EngineUnavailableError as error:
+            shown += _shown_by(error)
+        # In the query, libpq's reading of '&' decides: the password ends at the first one.
+        secret = password if refused or shape != "query" else password.partition("&")[0]
+        for text in [*shown, caplog.text]:
+            for token in _TOKEN.findall(secret):
+                assert token not in text, f"{url}: a piece {token!r} of the password shows: {text}"
+
+    @pytest.mark.parametrize("password", ["QZX@QZJ?", "@QZXJ?", "1/QZX?a=QZJ", "QZX@QZJ/x"])
+    def test_the_command_line_names_no_piece_of_an_ambiguous_password(
+            self, capsys: pytest.CaptureFixture[str], password: str) -> None:
+        pytest.importorskip("psycopg")
+        from queen_sync._front.cli import main
+
+        url = _pieced_url("address", password)
+        for command in (["ping", "--json"], ["holders", "job"]):
+            capsys.readouterr()
+            code = main(["--url", url, *command])
+            out, err = capsys.readouterr()
+            assert code == 2, f"{url}: an ambiguous URL is bad usage: exit {code}, {err!r}"
+            for token in _TOKEN.findall(password):
+                assert token not in out + err, f"{url}: {token!r} shows in: {out + err!r}"
+
+    def test_a_password_from_the_environment_never_shows(
+            self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        pytest.importorskip("psycopg")
+        monkeypatch.setenv("PGPASSWORD", "QZXJ-from-env")
+        caplog.set_level(logging.DEBUG, logger="queen_sync")
+        url = f"postgresql://{_LEAKY_ROLE}@127.0.0.1:{free_port()}/postgres?timeout=1"
+        with pytest.raises(qs.EngineUnavailableError) as caught, qs.Queen(
+                url, renew_thread=False) as q:
+            q.locks.get("x")
+        for text in [*_shown_by(caught.value), caplog.text, repr(q)]:
+            assert "QZXJ" not in text, f"PGPASSWORD shows in: {text}"
+
+    @pytest.mark.parametrize("url", [
+        "host=127.0.0.1 dbname=postgres password=QZXJ",
+        "host=127.0.0.1 password='QZX JJJ' user=leaky",
+        'password = "QZX\\"JJJ" host=127.0.0.1',
+    ])
+    def test_a_key_value_connection_string_is_refused_without_showing_its_password(
+            self, capsys: pytest.CaptureFixture[str], url: str) -> None:
+        from queen_sync._front.cli import main
+
+        with pytest.raises(qs.RequestError) as refused:
+            qs.Queen(url, renew_thread=False).close()
+        assert main(["--url", url, "ping", "--json"]) == 2, "a connection string is bad usage"
+        out, err = capsys.readouterr()
+        for text in [*_shown_by(refused.value), out + err]:
+            assert not _TOKEN.search(text), f"a piece of the password shows in: {text}"
+
+    def test_the_postgres_engine_refuses_another_scheme_without_showing_its_password(
+            self) -> None:
+        pytest.importorskip("psycopg")
+        from queen_sync._engines.postgres.engine import PostgresEngine
+
+        with pytest.raises(qs.RequestError) as refused:
+            PostgresEngine("postgresq://leaky:QZX@JJJ@127.0.0.1/postgres")
+        for text in _shown_by(refused.value):
+            assert not _TOKEN.search(text), f"a piece of the password shows in: {text}"
+
+
 _WORDS = st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=6)
 
 
@@ -243,3 +359,69 @@ class TestMaskingInDriverText:
         text = 'connection failed: FATAL:  password authentication failed for user "app"'
         assert redact(text, {"a"}) == text, redact(text, {"a"})
         assert redact('bad port "a"', {"a"}) == 'bad port "***"'
+
+
+# A secret typed where a URL may carry one: no character that would end that part early.
+_SECRET = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E,
+                                blacklist_characters="/?#@*%&:=,[]\\"),
+                  min_size=8, max_size=20).filter(lambda s: not s.isdigit())
+_QUERY_KEYS = st.sampled_from(["token", "access_token", "bearer_token", "key", "auth", "x"])
+
+
+@st.composite
+def urls_with_a_secret(draw: st.DrawFn) -> tuple[str, str]:
+    """A URL every engine refuses, with a secret in its user, password, query, fragment or port."""
+    secret, key = draw(_SECRET), draw(_QUERY_KEYS)
+    scheme = draw(st.sampled_from(["http", "https", "sqlite"]))
+    host = "/" if scheme == "sqlite" else "broker.example:6632/"
+    shapes = [f"{scheme}://{secret}@{host}x.db", f"{scheme}://app:{secret}@{host}x.db",
+              f"{scheme}://{host.rstrip('/')}/x.db?{key}={secret}",
+              f"{scheme}://{host.rstrip('/')}/x.db?a=1&{key}={secret}#frag",
+              f"{scheme}://{host.rstrip('/')}/x.db#{secret}"]
+    if scheme == "sqlite":
+        shapes = [s.replace("sqlite:///x.db", "sqlite://h/x.db") for s in shapes]
+    else:
+        shapes += [f"{scheme}://broker.example:{secret}/api",
+                   f"http://good.example:6632,{scheme}://{secret}@bad.example:1"]
+    return draw(st.sampled_from(shapes)), secret
+
+
+class TestUrlErrors:
+    """A refused URL is named in its error without its user part, password, query or fragment."""
+
+    @settings(max_examples=150, deadline=None)
+    @given(case=urls_with_a_secret())
+    def test_no_secret_in_any_part_of_a_refused_url_reaches_its_error(
+            self, case: tuple[str, str]) -> None:
+        url, secret = case
+        with pytest.raises(qs.RequestError) as refused:
+            qs.Queen(url, renew_thread=False).close()
+        assert refused.value.code == "bad_url", f"{url}: not refused as a bad URL: {refused.value}"
+        for text in _shown_by(refused.value):
+            assert secret not in text, f"{url}: the secret {secret!r} shows in: {text}"
+
+    @settings(max_examples=40, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(case=urls_with_a_secret(), command=st.sampled_from([["ping"], ["holders", "job"]]))
+    def test_the_command_lines_stderr_never_shows_a_secret_of_a_refused_url(
+            self, capsys: pytest.CaptureFixture[str], case: tuple[str, str],
+            command: list[str]) -> None:
+        from queen_sync._front.cli import main
+
+        url, secret = case
+        capsys.readouterr()
+        code = main(["--url", url, *command])
+        out, err = capsys.readouterr()
+        assert code == 2, f"{url}: a bad URL is bad usage: exit {code}, {err!r}"
+        assert err.startswith("queen-sync: ") and err.count("\n") == 1, f"one line: {err!r}"
+        assert secret not in out + err, f"{url}: the secret {secret!r} shows in: {err!r}"
+
+    @pytest.mark.parametrize(("url", "shown"), [
+        ("http://broker:6632/?token=s3cret", "'http://broker:6632/?token=***'"),
+        ("https://broker:66x2/api", "'https://broker:***/api'"),
+        ("sqlite://app:s3cret@/tmp/x.db", "'sqlite://***@/tmp/x.db'"),
+    ])
+    def test_the_error_still_shows_where_the_url_went_wrong(self, url: str, shown: str) -> None:
+        with pytest.raises(qs.RequestError) as refused:
+            qs.Queen(url, renew_thread=False).close()
+        assert shown in str(refused.value), f"the URL is shown masked: {refused.value}"

@@ -21,12 +21,6 @@ from queen_sync.testing import FakeBroker, FaultyEngine, LocalBroker, TokenLedge
 HOWTO = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "testing.md"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeBroker]:
-    with FakeBroker() as broker:
-        yield broker
-
-
 class TestThePublicSurface:
     def test_the_module_exports_exactly_the_kit(self) -> None:
         assert testing.__all__ == ["FakeBroker", "FaultPlan", "FaultyEngine", "LocalBroker",
@@ -54,7 +48,8 @@ class TestFakeBroker:
         # acquire, the refused acquire, and the release at close
         assert dict(fake.calls) == {"locks": 3, "kv": 2, "transaction": 1}, dict(fake.calls)
 
-    def test_it_refuses_calls_to_other_urls_while_it_runs(self, fake: FakeBroker) -> None:
+    def test_a_call_to_a_host_nobody_serves_still_fails_while_it_runs(
+            self, fake: FakeBroker) -> None:
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.post("http://elsewhere.test/api/v1/kv", json={}, timeout=1)
 
@@ -251,6 +246,20 @@ class TestFaultyEngine:
             q.kv.incr("stats", "runs", forever=True)
         assert runs(q) is None, "a call failed before the engine must write nothing"
         assert engine.injected["fail"] == 1 and engine.calls["kv"] == 1, engine.calls
+
+    def test_sent_counts_every_call_made_to_it_by_route_faulted_or_not(
+        self, faulty: tuple[FaultyEngine, qs.Queen]
+    ) -> None:
+        engine, q = faulty
+        engine.fail_next(route="locks")
+        with pytest.raises(qs.EngineUnavailableError):
+            q.locks.get("job")
+        engine.fail_next(route="kv", applied=True)
+        with pytest.raises(qs.EngineUnavailableError):
+            q.kv.incr("stats", "runs", forever=True)
+        assert runs(q) == 1
+        assert engine.sent == {"locks": 1, "kv": 2}, f"every call counts as sent: {engine.sent}"
+        assert engine.calls == {"kv": 2}, f"only the calls the inner one answered: {engine.calls}"
 
     def test_a_call_failed_after_it_was_applied_has_written_once(
         self, faulty: tuple[FaultyEngine, qs.Queen]

@@ -151,3 +151,25 @@ def redact_url(url: str) -> str:
              if unquote(field.partition("=")[0]).lower() in _SECRET_PARAMS else field
              for field in query.split("&")] if mark else []
     return prefix + user + (":***" if colon else "") + at + address + mark + "&".join(shown)
+
+
+def redact_url_for_error(url: str) -> str:
+    """``url`` as an error refusing it may quote it: scheme, host and path only.
+
+    A refused URL is malformed, so a secret may stand anywhere and bear no telltale name:
+    everything up to its last ``@``, every query and fragment value and a port that is not a
+    number are masked.
+    """
+    head, sep, rest = url.partition("://")
+    if not sep:
+        head, rest = "", url
+    rest, hash_mark, fragment = rest.partition("#")
+    rest, mark, query = rest.partition("?")
+    _, at, address = rest.rpartition("@")
+    authority, slash, path = address.partition("/") if sep else ("", "", address)
+    host, colon, port = authority.rpartition(":")
+    if colon and not port.isdigit() and not port.endswith("]"):  # "]": an IPv6 address
+        authority = f"{host}:***"
+    fields = [f"{f.partition('=')[0]}=***" if "=" in f else "***" for f in query.split("&")]
+    return (head + sep + ("***@" if at else "") + authority + slash + path
+            + mark + ("&".join(fields) if query else "") + hash_mark + ("***" if fragment else ""))

@@ -11,6 +11,7 @@ every token issued before it, whatever was released, expired or deleted in betwe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from .._errors import RequestError, UnsupportedOperationError
@@ -71,11 +72,7 @@ class EmbeddedSemantics:
         if not isinstance(body, Mapping):
             raise TypeError(f"a {route} body must be a dict, got {type(body).__name__}")
         if route == "locks":
-            ops = _operations(body, route)
-            for op in ops:
-                check_lock_op(op)
-            return {"results": self._run(lock_footprint(ops),
-                                         lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
+            return self.locks(checked_lock_ops(_operations(body, route)))
         if route == "kv":
             ops = _operations(body, route)
             for op in ops:
@@ -85,6 +82,12 @@ class EmbeddedSemantics:
             kv_ops = _transaction_ops(body)
             return dict(self._run(kv_footprint(kv_ops), lambda step: _transaction(step, kv_ops)))
         raise RequestError(f"unknown route {route!r}", code="bad_request")
+
+    def locks(self, checked: CheckedLockOps) -> dict[str, Any]:
+        """A locks body whose ops were validated already: run as one step, not checked again."""
+        ops = checked.ops
+        return {"results": self._run(lock_footprint(ops),
+                                     lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
 
     def _run(self, footprint: Footprint, work: Callable[[_Step], Any]) -> Any:
         try:
@@ -104,7 +107,7 @@ def lock_footprint(ops: Sequence[Mapping[str, Any]]) -> Footprint:
         names=frozenset(op["name"] for op in ops),
         mints=sum(op["op"] in _MINTING_LOCK_OPS for op in ops),
         only_releases=bool(ops) and all(op["op"] == "release" for op in ops),
-        operations=len(ops))
+        operations=len(ops), lone_lock_op=ops[0] if len(ops) == 1 else None, lock_ops=ops)
 
 
 def kv_footprint(ops: Sequence[Mapping[str, Any]]) -> Footprint:
@@ -117,6 +120,35 @@ def kv_footprint(ops: Sequence[Mapping[str, Any]]) -> Footprint:
             keys.update((op["ns"], key) for key in op["keys"])
     return Footprint(keys=frozenset(keys), mints=sum(op["op"] in _MINTING_KV_OPS for op in ops),
                      operations=len(ops))
+
+
+@dataclass(frozen=True)
+class CheckedLockOps:
+    """A locks body's ops, each validated and every acquire given its owner.
+
+    Made only by ``checked_lock_ops`` (and ``part``), so whatever holds one may run it, or
+    a part of it, without validating it again.
+    """
+
+    ops: tuple[Mapping[str, Any], ...]
+
+    def part(self, start: int, stop: int) -> CheckedLockOps:
+        return CheckedLockOps(self.ops[start:stop])
+
+
+def checked_lock_ops(ops: Sequence[Any]) -> CheckedLockOps:
+    """Validate a locks body's ops (raising at the first bad one) and mint missing owners."""
+    for op in ops:
+        check_lock_op(op)
+    return CheckedLockOps(tuple(_with_owner(op) for op in ops))
+
+
+def _with_owner(op: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An acquire with its owner minted before the step runs, so that every attempt of
+    the step, and a storage answering it in SQL, name the same owner."""
+    if op["op"] != "acquire" or op.get("owner"):
+        return op
+    return {**op, "owner": mint_owner()}
 
 
 def _operations(body: Mapping[str, Any], route: str) -> Sequence[Any]:

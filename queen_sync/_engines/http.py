@@ -42,14 +42,14 @@ import random
 import threading
 import time
 from typing import Any, Mapping, Optional, Sequence, Union
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import requests
 from urllib3.util import Timeout as SocketTimeouts
 
 from .._errors import QueenError, QueenHttpError, RequestError
 from .._ops import KV_READ_OPS, check_kv_op, check_lock_op
-from .base import Capabilities, Engine, parse_timeout, positive_seconds
+from .base import Capabilities, Engine, parse_timeout, positive_seconds, redact_url_for_error
 from .http_errors import http_error, never_sent, read_answer, transport_error
 
 log = logging.getLogger("queen_sync")
@@ -92,22 +92,30 @@ def parse_bases(url: str) -> list[str]:
 
 def _base(url: str) -> str:
     parts = urlsplit(url)
+    shown = repr(redact_url_for_error(url))  # a refused URL may hold a token anywhere
     if parts.scheme.lower() not in ("http", "https"):
-        raise RequestError(f"{url!r} is not an http:// or https:// URL", code="bad_url")
+        raise RequestError(f"{shown} is not an http:// or https:// URL", code="bad_url")
     if parts.username is not None or parts.password is not None:
-        # Never echo the URL here: it carries the credentials.
-        raise RequestError("a broker URL must not carry credentials; pass bearer_token= or set "
-                           "QUEEN_TOKEN", code="bad_url")
+        raise RequestError(f"a broker URL must not carry credentials ({shown}); pass "
+                           "bearer_token= or set QUEEN_TOKEN", code="bad_url")
     if not parts.hostname:
-        raise RequestError(f"broker URL {url!r} has no host", code="bad_url")
+        raise RequestError(f"broker URL {shown} has no host", code="bad_url")
     if parts.query or parts.fragment:
-        raise RequestError(f"broker URL {url!r} must not have a query or fragment",
+        raise RequestError(f"broker URL {shown} must not have a query or fragment",
                            code="bad_url")
+    if not _has_a_good_port(parts):
+        raise RequestError(f"broker URL {shown} has a bad port (a number 0..65535)",
+                           code="bad_url")
+    return f"{parts.scheme.lower()}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def _has_a_good_port(parts: SplitResult) -> bool:
+    # Not raised from the parser's error: it quotes the port, which may be a misplaced secret.
     try:
         parts.port  # noqa: B018 - reading it validates it
-    except ValueError as exc:
-        raise RequestError(f"broker URL {url!r} has a bad port", code="bad_url") from exc
-    return f"{parts.scheme.lower()}://{parts.netloc}{parts.path.rstrip('/')}"
+    except ValueError:
+        return False
+    return True
 
 
 def parse_call_timeout(call_timeout: Any, timeout: tuple[float, float]) -> float:

@@ -37,11 +37,11 @@ from .._errors import (
     StoreReplacedError,
     UnsupportedOperationError,
 )
-from .base import Capabilities, Engine, Waiter
+from .base import Capabilities, Engine, Waiter, redact_url_for_error
 from .embedded import EmbeddedSemantics
 from .sqlite_files import SideFiles, changed_side_file, refuse_unsafe_store, side_files
 from .sqlite_wake import WakeChannel
-from .storage import Footprint, Row, StorageTxn
+from .storage import Footprint, Row, StorageTxn, prefix_end
 
 log = logging.getLogger("queen_sync")
 
@@ -71,7 +71,11 @@ INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
 _SCHEMA_OBJECTS = ("queen_kv", "queen_kv_expiry", "queen_meta")
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 512
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)  # UPDATE ... RETURNING, one statement
 _T = TypeVar("_T")
+# Made once: ``json.dumps`` with separators builds a new encoder at every call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_decode = json.JSONDecoder().decode
 
 # Held while this process creates a database file or opens a connection, so a new file's
 # creating descriptor is closed before any connection of this process can lock that file.
@@ -88,7 +92,7 @@ def _identity(path: str) -> tuple[int, int, int]:
 
 def _row(record: Sequence[Any]) -> Row:
     ns, key, value, version, expires_at, created_at, updated_at, prev = record
-    return Row(ns, key, json.loads(value), version, expires_at, created_at, updated_at, prev)
+    return Row(ns, key, _decode(value), version, expires_at, created_at, updated_at, prev)
 
 
 class _SqliteTxn:
@@ -110,18 +114,21 @@ class _SqliteTxn:
     def read_prefix(
         self, ns: str, prefix: str, *, after: Optional[str], limit: int, now_ms: int
     ) -> Sequence[Row]:
+        # One bounded range of the primary key: the rows of this prefix and no others.
+        end = prefix_end(prefix)
+        start, above = (after, ">") if after is not None and after >= prefix else (prefix, ">=")
+        bound = "" if end is None else " AND key < ?"
         records = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key >= ? AND key > ?"
-            " AND substr(key, 1, ?) = ? AND (expires_at IS NULL OR expires_at > ?)"
-            " ORDER BY key LIMIT ?",
-            (ns, prefix, after or "", len(prefix), prefix, now_ms, limit),
+            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key {above} ?{bound}"
+            " AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?",
+            (ns, start, *(() if end is None else (end,)), now_ms, limit),
         ).fetchall()
         return [_row(r) for r in records]
 
     def write(self, row: Row) -> None:
         self._conn.execute(
             f"INSERT OR REPLACE INTO queen_kv ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.ns, row.key, json.dumps(row.value, separators=(",", ":")), row.version,
+            (row.ns, row.key, _encode(row.value), row.version,
              row.expires_at, row.created_at, row.updated_at, row.prev_version),
         )
 
@@ -132,11 +139,19 @@ class _SqliteTxn:
         self.freed_names.add(name)
 
     def next_version(self) -> int:
+        if _RETURNING:
+            (value,) = self._conn.execute(
+                "UPDATE queen_meta SET value = value + 1 WHERE name = 'version' RETURNING value"
+            ).fetchone()
+            return int(value)
         self._conn.execute("UPDATE queen_meta SET value = value + 1 WHERE name = 'version'")
         (value,) = self._conn.execute(
             "SELECT value FROM queen_meta WHERE name = 'version'"
         ).fetchone()
         return int(value)
+
+    def commit(self) -> None:
+        self._conn.execute("COMMIT")
 
     def sweep(self, now_ms: int) -> None:
         self._conn.execute(
@@ -144,6 +159,26 @@ class _SqliteTxn:
             " WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 256)",
             (now_ms,),
         )
+
+
+class _NeedsWrite(Exception):
+    """A step run read-only reached a write: it runs again, under the write lock."""
+
+
+class _ReadOnlyTxn(_SqliteTxn):
+    """A step that may only read: the first write it tries ends it (``_NeedsWrite``)."""
+
+    def write(self, row: Row) -> None:
+        raise _NeedsWrite
+
+    def delete(self, ns: str, key: str) -> None:
+        raise _NeedsWrite
+
+    def freed(self, name: str) -> None:
+        raise _NeedsWrite
+
+    def next_version(self) -> int:
+        raise _NeedsWrite
 
 
 class SqliteStorage:
@@ -255,33 +290,83 @@ class SqliteStorage:
     def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         """Run ``work`` in one transaction; the file lock covers everything, so the footprint
         is not needed."""
-        with self.atomic() as txn:
-            answer = work(txn)
+        if self._likely_refused(footprint):
+            try:
+                return self._read_only(work)
+            except _NeedsWrite:
+                pass  # it can apply after all: run it again from scratch, under the write lock
+        # The same step as ``atomic()``, written out: this is every call's path, and two
+        # generator-based context managers per call cost more than the rest of it.
+        with self._mutex:
+            try:
+                conn = self._connection()
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    txn = _SqliteTxn(conn, self._clock)
+                    answer = work(txn)
+                    self._commit(txn)
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            except sqlite3.DatabaseError as exc:
+                raise _translate(self.path, exc) from exc
         if txn.freed_names and self.wake is not None:
             self.wake.notify(sorted(txn.freed_names))
+        return answer
+
+    def _likely_refused(self, footprint: Footprint) -> bool:
+        """Whether this step is an attempt of a waiter of this process on a lock it waits for.
+
+        Such an attempt mostly finds the lock still held. Reading that without the write
+        lock keeps it from queueing the holder's own calls behind it, under SQLite's
+        millisecond busy sleeps.
+        """
+        return (self.wake is not None and footprint.mints > 0
+                and self.wake.waiting_on(footprint.names))
+
+    def _read_only(self, work: Callable[[StorageTxn], _T]) -> _T:
+        """Run ``work`` on a read snapshot, committing nothing; ``_NeedsWrite`` if it writes."""
+        with self._mutex:
+            try:
+                conn = self._connection()
+                try:
+                    conn.execute("BEGIN")  # deferred: a snapshot, and no write lock
+                    answer = work(_ReadOnlyTxn(conn, self._clock))
+                    self._check_identity()  # an answer from a replaced file would mislead
+                finally:
+                    _rollback(conn)
+            except sqlite3.DatabaseError as exc:
+                raise _translate(self.path, exc) from exc
         return answer
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[_SqliteTxn]:
         """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back."""
         with self._mutex, _translated(self.path):
-            if self._conn is None:
-                self._conn = self._connect()
-            conn = self._conn
+            conn = self._connection()
             try:
                 # Inside the try: a Ctrl-C landing just after BEGIN must still roll back, or
                 # the write lock stays taken for every process on the file.
                 conn.execute("BEGIN IMMEDIATE")
                 txn = _SqliteTxn(conn, self._clock)
                 yield txn
-                self._calls += 1
-                if self._calls % _SWEEP_EVERY == 0:
-                    txn.sweep(txn.now_ms())
-                self._check_identity()  # a commit into an unlinked file would be seen by nobody
-                conn.execute("COMMIT")
+                self._commit(txn)
             except BaseException:
                 _rollback(conn)
                 raise
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection, made first if there is none (the caller holds the mutex)."""
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _commit(self, txn: _SqliteTxn) -> None:
+        self._calls += 1
+        if self._calls % _SWEEP_EVERY == 0:
+            txn.sweep(txn.now_ms())
+        self._check_identity()  # a commit into an unlinked file would be seen by nobody
+        txn.commit()
 
     def after_fork(self) -> None:
         # The parent closed every connection before forking, so there is nothing to close
@@ -289,6 +374,8 @@ class SqliteStorage:
         # process's write inside os.fork() itself.
         self._conn = None
         self._mutex = threading.Lock()
+        if self.wake is not None:
+            self.wake.after_fork()
 
     def _disconnect(self) -> None:
         """Close the connection (the caller holds the mutex); the next call reconnects."""
@@ -367,17 +454,21 @@ def _translated(path: str) -> Iterator[None]:
     """SQLite's exceptions become queen_sync's at the engine boundary."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        text = str(exc)
-        if _is_full(exc):
-            raise EngineError(f"SQLite database {path} cannot grow: {text}; nothing of this "
-                              "call was written (free disk space, or raise max_page_count)"
-                              ) from exc
-        if "locked" in text or "busy" in text:
-            raise EngineUnavailableError(f"SQLite database {path} stayed locked: {text}") from exc
-        raise EngineUnavailableError(f"SQLite database {path} is unusable: {text}") from exc
     except sqlite3.DatabaseError as exc:
-        raise EngineError(f"SQLite database {path} failed: {exc}") from exc
+        raise _translate(path, exc) from exc
+
+
+def _translate(path: str, exc: sqlite3.DatabaseError) -> Exception:
+    """The queen_sync error that SQLite's ``exc`` is, for the database at ``path``."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return EngineError(f"SQLite database {path} failed: {exc}")
+    text = str(exc)
+    if _is_full(exc):
+        return EngineError(f"SQLite database {path} cannot grow: {text}; nothing of this "
+                           "call was written (free disk space, or raise max_page_count)")
+    if "locked" in text or "busy" in text:
+        return EngineUnavailableError(f"SQLite database {path} stayed locked: {text}")
+    return EngineUnavailableError(f"SQLite database {path} is unusable: {text}")
 
 
 _SQLITE_FULL = 13  # SQLite's primary result code; ``sqlite3`` names it from Python 3.11 only
@@ -439,12 +530,12 @@ def path_from_url(url: str) -> tuple[str, dict[str, str]]:
     """``sqlite:///abs/path.db`` → ``/abs/path.db``; ``sqlite:rel.db`` → ``rel.db``."""
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise RequestError(
-            f"sqlite URL {url!r} names a host; write sqlite:///absolute/path.db", code="bad_url"
-        )
+        raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} names a host; write "
+                           "sqlite:///absolute/path.db", code="bad_url")
     path = os.path.expanduser(unquote(parts.path))
     if not path:
-        raise RequestError(f"sqlite URL {url!r} has no path", code="bad_url")
+        raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} has no path",
+                           code="bad_url")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     return path, query
 

@@ -22,7 +22,7 @@ import socket
 import stat
 import tempfile
 import time
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 log = logging.getLogger("queen_sync")
 
@@ -39,7 +39,7 @@ class _SocketWaiter:
         self._sock.settimeout(max(timeout, 0.0005))
         try:
             self._sock.recv(16)
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             return False
         self._sock.setblocking(False)
         with contextlib.suppress(BlockingIOError):
@@ -72,7 +72,7 @@ def _check_base(path: str) -> None:
         here = parent
 
 
-def _private_folder(path: str, *, create: bool) -> None:
+def _private_folder(path: str, *, create: bool) -> os.stat_result:
     """Refuse ``path`` unless it is a folder of ours alone; make it (0700) first if asked."""
     if create:
         with contextlib.suppress(FileExistsError):
@@ -81,6 +81,7 @@ def _private_folder(path: str, *, create: bool) -> None:
     if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
             or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
         raise _UnsafeFolderError(f"{path} is not a folder private to this user")
+    return info
 
 
 class WakeChannel:
@@ -95,13 +96,22 @@ class WakeChannel:
         self._sender: Optional[socket.socket] = None
         self._sender_pid = 0
         self._warned = False
+        self._checked: Optional[tuple[int, int]] = None  # the folder last found safe
+        # Lock name -> one mark per waiter of this process armed on it. Appending to and
+        # removing from a list are atomic, so threads arming at once need no lock.
+        self._waiting: dict[str, list[object]] = {}
 
     def _usable(self, *, create: bool) -> bool:
         """Whether every folder on the way to ``folder`` is safe (made first when ``create``)."""
+        if self._still_checked():
+            return True
+        self._checked = None
+        if not create and not os.path.lexists(self.folder):
+            return False  # nobody has waited on this database yet: no socket to wake
         try:
             _check_base(self._base)
-            for path in (self._user_folder, self.folder):
-                _private_folder(path, create=create)
+            _private_folder(self._user_folder, create=create)
+            info = _private_folder(self.folder, create=create)
         except FileNotFoundError:
             if create:
                 self._fall_back("the wake-up folder vanished while it was made")
@@ -109,7 +119,24 @@ class WakeChannel:
         except OSError as exc:
             self._fall_back(str(exc))
             return False
+        self._checked = (info.st_dev, info.st_ino)
         return True
+
+    def _still_checked(self) -> bool:
+        """Whether ``folder`` is the very folder last found safe, still ours and private.
+
+        The folders above it were safe then, so nobody else can move it or swap it since:
+        one look at the folder itself replaces the walk from the root.
+        """
+        if self._checked is None:
+            return False
+        try:
+            info = os.lstat(self.folder)
+        except OSError:
+            return False
+        return ((info.st_dev, info.st_ino) == self._checked and stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
     def _fall_back(self, why: str) -> None:
         if not self._warned:
@@ -117,8 +144,27 @@ class WakeChannel:
             log.warning("queen_sync: waiters on %s are not woken on release, they poll: %s",
                         self.folder, why)
 
+    def waiting_on(self, names: Iterable[str]) -> bool:
+        """Whether a waiter of this process is armed on one of ``names``."""
+        return bool(self._waiting) and any(name in self._waiting for name in names)
+
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Union[_SocketWaiter, _PollingWaiter]]:
+        mark = object()
+        marks = self._waiting.setdefault(name, [])
+        marks.append(mark)
+        try:
+            with self._armed(name) as waiter:
+                yield waiter
+        finally:
+            marks.remove(mark)
+            if not marks:
+                # A waiter arming meanwhile may lose its mark: it then only takes the write
+                # lock at each attempt, as every waiter used to.
+                self._waiting.pop(name, None)
+
+    @contextlib.contextmanager
+    def _armed(self, name: str) -> Iterator[Union[_SocketWaiter, _PollingWaiter]]:
         if not self._usable(create=True):
             yield _PollingWaiter()
             return
@@ -166,6 +212,10 @@ class WakeChannel:
             self._sender.setblocking(False)
             self._sender_pid = os.getpid()
         return self._sender
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's waiters are not this process's."""
+        self._waiting = {}
 
     def close(self) -> None:
         if self._sender is not None and self._sender_pid == os.getpid():

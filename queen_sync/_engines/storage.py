@@ -15,8 +15,8 @@ one instant the whole step is judged at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -56,6 +56,10 @@ class Footprint:
         only_releases: it is a locks body of releases alone, so losing its commit in a
             crash would only let the leases run out.
         operations: how many operations it holds (named in errors its size may cause).
+        lone_lock_op: the body's operation when it is one lock operation, so a storage
+            may answer it in one statement (the semantics still shape the answer).
+        lock_ops: a locks body's validated operations, so a storage may answer a body
+            of one kind (renews) in one statement per transaction (the semantics check it).
     """
 
     names: frozenset[str] = frozenset()
@@ -63,6 +67,25 @@ class Footprint:
     mints: int = 0
     only_releases: bool = False
     operations: int = 0
+    lone_lock_op: Optional[Mapping[str, Any]] = field(default=None, compare=False)
+    lock_ops: Sequence[Mapping[str, Any]] = field(default=(), compare=False)
+
+
+def prefix_end(prefix: str) -> Optional[str]:
+    """The least string above every string starting with ``prefix``, in code point order.
+
+    Keys starting with ``prefix`` are exactly those in ``[prefix, prefix_end(prefix))``,
+    so a prefix read is one bounded range of the key index (``None``: no upper bound).
+    SQLite's binary collation and PostgreSQL's ``C`` collation both order by code point.
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop()) + 1
+        if last == 0xD800:
+            last = 0xE000  # surrogates cannot be stored in text
+        if last <= 0x10FFFF:
+            return "".join(chars) + chr(last)
+    return None
 
 
 class StorageTxn(Protocol):

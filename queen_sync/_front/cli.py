@@ -9,18 +9,22 @@ command ends. ``holders``, ``release`` and ``ping`` are for operators.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import re
 import secrets
+import shlex
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
-from .._durations import parse_duration, utc_text
+from .._durations import MIN_TTL_SECONDS, lease_seconds, parse_duration, utc_text
 from .._errors import EngineError, QueenError
 from .._ops import MAX_LIMIT
 from .._results import describe_holders
+from .._version import __version__
 from .cli_child import Child
 from .singleton import LOST_EXIT_CODE
 
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 EX_BUSY = 75  # EX_TEMPFAIL: somebody else holds it, try again later
 EX_UNAVAILABLE = 69  # EX_UNAVAILABLE: the engine could not be reached
 EX_NOT_RELEASED = 1
+EX_READER_GONE = 128 + 13  # what a shell reports for a tool that SIGPIPE ended, as `yes | head`
 
 _EPILOG = """\
 examples:
@@ -67,7 +72,9 @@ is released (with a warning). If queen-sync itself is killed (kill -9, the OOM
 killer), the group gets SIGKILL at once. If it is stopped (SIGSTOP, Ctrl-Z) the
 command runs on unrenewed; once continued past the TTL it stops the command and exits
 76. Processes that leave the group (setsid, a shell's job control: set -m) are beyond
-reach. A failed final release only warns: the lease expires within its TTL.
+reach. A failed final release only warns: the lease expires within its TTL. With --json
+the last line of stdout is the run's result: name, acquired, owner, token, slot,
+exit_code, held_seconds, lost, released and holders.
 
 exit codes: the command's own (128+N when killed by signal N); {EX_BUSY} when the lease
 is busy (--busy-exit-code), naming the holder on stderr; {LOST_EXIT_CODE} when the lease
@@ -106,6 +113,22 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=30)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the option, as Unix tools print them; exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {option_first(message)}\n")
+
+
+def option_first(message: str) -> str:
+    """``argument --ttl: X`` as ``--ttl: X``, and just ``X`` when X names the option itself."""
+    found = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
+    if found is None:
+        return message
+    option, problem = found.groups()
+    return problem if problem.startswith(option) else f"{option}: {problem}"
+
+
 def duration_arg(what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -114,6 +137,14 @@ def duration_arg(what: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(str(exc)) from exc
 
     return parse
+
+
+def ttl_arg(text: str) -> float:
+    """A ``--ttl`` value: a lease's lifetime, refused below the minimum as every TTL is."""
+    try:
+        return lease_seconds(text, what="--ttl")
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def wait_arg(text: str) -> float:
@@ -125,11 +156,14 @@ def wait_arg(text: str) -> float:
 
 def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(
                 f"must be {low}..{high}, got {value}" if high is not None
-                else f"must be >= {low}, got {value}")
+                else f"must be at least {low}, got {value}")
         return value
 
     return parse
@@ -137,15 +171,16 @@ def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand (``--url``/``--json`` go before or after it)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS,
                         help="engine URL (default: $QUEEN_URL, else the embedded SQLite file)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="queen-sync", parents=[common], formatter_class=_Help, epilog=_EPILOG,
         description="Leases with fencing tokens from the shell: run a command under a lock "
                     "shared across hosts, list and release holders, check the engine.")
+    parser.add_argument("--version", action="version", version=f"queen-sync {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser(
         "run", parents=[common], formatter_class=_Help, epilog=_RUN_EPILOG,
@@ -154,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command while holding a lease (like flock -n, across hosts)",
         description="Run CMD while holding the lease NAME; exit 75 at once when it is busy.")
     run.add_argument("name", metavar="NAME")
-    run.add_argument("--ttl", type=duration_arg("--ttl"), default=300.0,
-                     help="lease lifetime, renewed at a third of it (default 5m)")
+    run.add_argument("--ttl", type=ttl_arg, default=300.0,
+                     help="lease lifetime, renewed at a third of it (default 5m, at least "
+                          f"{MIN_TTL_SECONDS:g}s)")
     run.add_argument("--wait", type=wait_arg, default=0.0,
                      help="how long to wait for a busy lease (default 0: do not wait)")
     run.add_argument("--limit", type=_int(1, MAX_LIMIT), default=1,
@@ -202,7 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1:]
     parser = build_parser()
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        parser.error(_unrecognized(args.command, words, extra, bool(command)))
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -214,15 +252,61 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logger = logging.getLogger("queen_sync")
     logger.addHandler(handler)
     try:
-        return _dispatch(args, command)
+        code = _dispatch(args, command)
+        sys.stdout.flush()  # here, not at exit, so a reader that went away is seen here
+        return code
     except EngineError as exc:
-        print(f"queen-sync: engine unavailable: {exc}", file=sys.stderr)
-        return EX_UNAVAILABLE
+        return _failed(args, f"engine unavailable: {exc}", EX_UNAVAILABLE)
     except (QueenError, ValueError) as exc:  # e.g. a lock name the engine refuses
-        print(f"queen-sync: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args, str(exc), 2)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EX_READER_GONE
     finally:
         logger.removeHandler(handler)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a driver's several lines (libpq's hint) joined, none dropped."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _failed(args: argparse.Namespace, message: str, code: int) -> int:
+    """Say why on stderr; ``run --json`` still ends stdout with its result."""
+    line = one_line(message)
+    print(f"queen-sync: {line}", file=sys.stderr)
+    if args.command == "run" and getattr(args, "json", False):
+        _print_result(_run_json(args.name, code, error=line))
+    return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone, so the exit-time flush is silent."""
+    with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (a test's)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _unrecognized(subcommand: Optional[str], words: list[str], extra: list[str],
+                  has_command: bool) -> str:
+    """What argparse did not take: unknown options, or (for run) a command missing its --."""
+    if all(word.startswith("-") for word in extra):
+        plural = "s" if len(extra) > 1 else ""
+        return f"unknown option{plural} for {subcommand or 'queen-sync'}: {shlex.join(extra)}"
+    hint = _double_dash_hint(words, extra) if subcommand == "run" and not has_command else ""
+    return f"unrecognized arguments: {shlex.join(extra)}{hint}"
+
+
+def _double_dash_hint(words: list[str], extra: list[str]) -> str:
+    """The line as it should have been: the words argparse did not take go after ``--``."""
+    options, pending = [], list(extra)
+    for word in words:
+        if pending and word == pending[0]:
+            pending.pop(0)
+        else:
+            options.append(word)
+    return f"; put the command after --: queen-sync {shlex.join(options)} -- {shlex.join(extra)}"
 
 
 def _dispatch(args: argparse.Namespace, command: list[str]) -> int:
@@ -250,25 +334,50 @@ def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: b
     if not lock.acquire(wait=args.wait):
         print(f"queen-sync: {args.name!r} is busy: {describe_holders(lock.holders)}",
               file=sys.stderr)
+        code = int(args.busy_exit_code)
         if as_json:
-            _print_json({"name": args.name, "acquired": False,
-                         "holders": [_holder_json(args.name, h) for h in lock.holders]})
-        return int(args.busy_exit_code)
+            _print_result(_run_json(lock.name, code, holders=[_holder_json(args.name, h)
+                                                              for h in lock.holders]))
+        return code
+    held: dict[str, Any] = {"acquired": True, "owner": lock.owner, "token": lock.token,
+                            "slot": lock.slot}
+    started = time.monotonic()
     try:
-        return Child(lock, command, args.grace).run()
+        code = Child(lock, command, args.grace).run()
     finally:
-        _final_release(lock)
+        held["released"] = _final_release(lock)
+    if as_json:
+        _print_result(_run_json(lock.name, code, lost=lock.lost_reason,
+                                held_seconds=round(time.monotonic() - started, 3), **held))
+    return code
 
 
-def _final_release(lock: Lock) -> None:
-    """Give the lease back; a failure warns and never replaces the command's exit code."""
+def _run_json(name: str, exit_code: int, **outcome: Any) -> dict[str, Any]:
+    """A run's result: the same keys whatever the outcome (None where one does not apply)."""
+    result = {"name": name, "acquired": False, "owner": None, "token": None, "slot": None,
+              "exit_code": exit_code, "held_seconds": None, "lost": None,
+              "released": False, "holders": [], "error": None}
+    return result | outcome
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    """A run's result line; a reader that went away changes nothing: the exit code stands."""
     try:
-        lock.release()
+        _print_json(result)
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _final_release(lock: Lock) -> bool:
+    """True when the engine took the lease back; a failure warns, keeping the exit code."""
+    try:
+        return lock.release()
     except EngineError as exc:
         # The command has run; turning its status into "engine unavailable" would make a
         # scheduler retry finished work. The lease ends on its own at its TTL anyway.
         print(f"queen-sync: warning: could not release the lease on {lock.name!r} ({exc}); "
               f"it will expire by itself within its {lock.ttl:g}s TTL", file=sys.stderr)
+        return False
 
 
 # ---- holders, release, ping -----------------------------------------------------------------
@@ -335,4 +444,4 @@ def _ping(client: Queen, as_json: bool) -> int:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=None, sort_keys=True))
+    print(json.dumps(value, indent=None, sort_keys=True), flush=True)

@@ -167,6 +167,8 @@ def _not_started(program: str, exc: BaseException) -> int:
         return 127
     if isinstance(exc, FileNotFoundError):  # the file is there: its #! interpreter is not
         why = "its #! interpreter was not found"
+    elif os.sep in program and os.path.isdir(program):  # exec says only "permission denied"
+        why = "it is a directory"
     else:
         why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
     print(f"queen-sync: the command could not be executed: {program} ({why})", file=sys.stderr)

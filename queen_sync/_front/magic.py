@@ -22,21 +22,21 @@ import shlex
 from typing import Any, NoReturn, Optional
 
 from .._results import describe_holders
-from .cli import duration_arg, wait_arg
+from .cli import option_first, ttl_arg, wait_arg
 
 _USAGE_EXAMPLE = "%%lock retrain --ttl 10m --wait 30s"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ValueError(f"%%lock: {message} (e.g. {_USAGE_EXAMPLE})")
+        raise ValueError(f"%%lock: {option_first(message)} (e.g. {_USAGE_EXAMPLE})")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%%lock", add_help=False,
                      description="Run the cell while holding the lease NAME.")
     parser.add_argument("name")
-    parser.add_argument("--ttl", type=duration_arg("--ttl"), default=600.0,
+    parser.add_argument("--ttl", type=ttl_arg, default=600.0,
                         help="the lease's lifetime (default 10m)")
     parser.add_argument("--wait", type=wait_arg, default=0.0,
                         help="how long to wait when busy (default 0)")

@@ -48,7 +48,7 @@ from typing import (
 
 from typing_extensions import Concatenate, ParamSpec
 
-from .._durations import Duration, parse_duration, utc_text
+from .._durations import Duration, lease_seconds, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
 from .._handle.lock import Lock, require_arbitration, wait_seconds
 from .._ops import check_name
@@ -200,7 +200,7 @@ def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_l
 
         check_group(supervision)
     period = parse_duration(once_per, what="once_per") if once_per is not None else None
-    return _Spec(name, parse_duration(ttl, what="ttl"), waiting, on_busy, on_lost, client, bind,
+    return _Spec(name, lease_seconds(ttl), waiting, on_busy, on_lost, client, bind,
                  period, supervision)
 
 

@@ -32,6 +32,7 @@ class KvOpBuilders:
     def put(ns: str, key: str, value: Any, *, ttl: Optional[Duration] = None,
             ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
             forever: bool = False, expect: Any = _UNSET, required: bool = False) -> dict[str, Any]:
+        """A ``put`` op with one expiry; with ``expect``, only over that version."""
         expiry = expiry_fields(ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever)
         return KvOps.put(ns, key, value, expiry=expiry, expect=expect, required=required)
 
@@ -39,12 +40,14 @@ class KvOpBuilders:
     def put_if_absent(ns: str, key: str, value: Any, *, ttl: Optional[Duration] = None,
                       ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
                       forever: bool = False, required: bool = False) -> dict[str, Any]:
+        """A ``putIfAbsent`` op with one expiry: written only where no live row is."""
         expiry = expiry_fields(ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever)
         return KvOps.put_if_absent(ns, key, value, expiry=expiry, required=required)
 
     @staticmethod
     def delete(ns: str, key: str, *, expect: Any = _UNSET, required: bool = False
                ) -> dict[str, Any]:
+        """A ``delete`` op; with ``expect``, only when the row is at that version."""
         return KvOps.delete(ns, key, expect=expect, required=required)
 
     @staticmethod
@@ -52,6 +55,7 @@ class KvOpBuilders:
              max: Optional[float] = None, ttl: Optional[Duration] = None,
              ttl_seconds: Optional[int] = None, until: Optional[datetime] = None,
              forever: bool = False, required: bool = False) -> dict[str, Any]:
+        """An ``incr`` op with one expiry (applied when the row is created)."""
         expiry = expiry_fields(ttl=ttl, ttl_seconds=ttl_seconds, until=until, forever=forever)
         return KvOps.incr(ns, key, expiry=expiry, delta=delta, min=min, max=max,
                           required=required)
@@ -80,13 +84,43 @@ class Kv:
         return self._client.call_kv(list(operations))
 
     def get(self, ns: str, key: str) -> Result:
+        """Read one key: truthy when a live row was found.
+
+        Returns:
+            ``{"found": True, "key", "value", "version", "expiresAt", "updatedAt"}``, or
+                ``{"found": False}`` when the key is absent or expired. A stored ``None``
+                is found: ``{"found": True, "value": None}``.
+        """
         return self._one(KvOps.get(ns, key))
 
     def get_many(self, ns: str, keys: Sequence[str]) -> Result:
+        """Read up to 1000 keys of ``ns`` in one call, as one snapshot.
+
+        Returns:
+            ``{"rows": [...], "missing": [keys]}``: a row per live key (``key``, ``value``,
+                ``version``, ``expiresAt``), the absent or expired keys in ``missing``;
+                truthy when any row was found.
+        """
         return self._one(KvOps.get_many(ns, keys))
 
     def get_prefix(self, ns: str, prefix: str, *, after: Optional[str] = None,
                    limit: Optional[int] = None, keys_only: bool = False) -> Result:
+        """Read one page of the live rows whose key starts with ``prefix``, in key order.
+
+        ``prefix`` is matched literally (``%`` and ``_`` are data). ``list_all`` follows
+        the pages for you.
+
+        Args:
+            ns: The namespace.
+            prefix: A non-empty key prefix.
+            after: Start after this key (the previous page's ``nextAfter``).
+            limit: Rows per page, at most 1000 (the embedded engines' default is 100).
+            keys_only: Leave the values out of the rows.
+
+        Returns:
+            ``{"rows": [...], "truncated": bool, "nextAfter": key or None}``; truthy when
+                the page holds any row.
+        """
         return self._one(KvOps.get_prefix(ns, prefix, after=after, limit=limit,
                                           keys_only=keys_only))
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from typing_extensions import ParamSpec
 
-from .._durations import Duration, parse_duration, wire_seconds
+from .._durations import Duration, parse_duration, renew_interval, wire_seconds
 from .._errors import (
     EngineError,
     LockError,
@@ -138,10 +138,7 @@ class Lock:
             raise TypeError("auto_renew must be True or False")
         self.ttl = ttl
         self.auto_renew = auto_renew
-        self.renew_every = (parse_duration(renew_every, what="renew_every")
-                            if renew_every is not None else ttl / 3)
-        if self.renew_every >= ttl:
-            raise ValueError(f"renew_every ({self.renew_every}s) must be shorter than ttl ({ttl}s)")
+        self.renew_every = renew_interval(renew_every, ttl)
         self._default_wait = wait_seconds(wait)
         self._client = client
         self._reset_state()
@@ -184,6 +181,7 @@ class Lock:
 
     @property
     def slot(self) -> Optional[int]:
+        """The permit's slot while held (``0``, or ``0..limit-1`` for a semaphore), else None."""
         return self._slot if self._token is not None else None
 
     @property
@@ -228,6 +226,7 @@ class Lock:
         return self._io.acquire(blocking=False)
 
     def end_call(self) -> None:
+        """End the engine call that ``try_begin_call()`` claimed."""
         self._io.release()
 
     def await_renewal(self) -> None:
@@ -265,14 +264,24 @@ class Lock:
             return True
         supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
         started = time.monotonic()
+        if self._attempt(started):
+            return True
         if budget <= 0:
-            return self._attempt(started) or self._busy()
-        deadline = started + budget
+            return self._busy()
+        return self._wait_for_turn(started, started + budget)
+
+    def _wait_for_turn(self, started: float, deadline: float) -> bool:
+        """Retry until ``deadline``, sleeping on the engine's wake-up between attempts.
+
+        Armed only now that a first attempt failed: a free lock never pays for it.
+        """
         backoff = 0.01
-        with self._client.engine.subscribe(self.name) as waiter:
+        engine = self._client.engine
+        with engine.subscribe(self.name) as waiter:
+            # A release landing between the failed attempt and the arming woke nobody.
+            if engine.capabilities.wake_on_release and self._attempt(started):
+                return True
             while True:
-                if self._attempt(started):
-                    return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._client.metrics.observe("acquire_gave_up_seconds",
@@ -280,6 +289,8 @@ class Lock:
                     return self._busy()
                 waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+                if self._attempt(started):
+                    return True
 
     def _until_expiry(self) -> float:
         """Seconds until the first current holder's lease runs out (wake then, not later)."""
@@ -427,9 +438,9 @@ class Lock:
         first is a loss, reported on time.
 
         Returns:
-            True when the engine gave it back; False when it was no longer held:
-            never taken, lost, or (over HTTP) given back by a first attempt whose
-            answer was lost before the resent one arrived.
+            True when the engine gave it back. False when it was no longer held: never
+                taken, lost, or (over HTTP) given back by a first attempt whose answer was
+                lost before the resent one arrived.
 
         Raises:
             EngineError: the engine could not be reached. The release may have landed,
@@ -462,6 +473,32 @@ class Lock:
                 raise
         self._client.metrics.count("released")
         return released
+
+    def begin_release(self) -> Optional[dict[str, Any]]:
+        """Stop holding, for a release sent in a batch: the op to send (None: nothing held).
+
+        As ``release()``, but the caller has claimed the call (``try_begin_call``) and
+        sends the op with others, then hands the answer to ``end_release``. Until it
+        does, the permit counts as one whose release raised: ``release()`` retries it.
+        """
+        self._client.renewer.unregister(self)
+        token, slot = self._token, self._slot
+        if token is not None:
+            self._client.metrics.held(-1)
+        elif self._unreleased is not None:
+            token, slot = self._unreleased
+        else:
+            return None
+        self._token, self._unreleased = None, (token, slot)
+        return LockOps.release(self.name, token=token, slot=slot)
+
+    def end_release(self, answer: dict[str, Any]) -> bool:
+        """Apply the answer to ``begin_release``'s op; True when the engine gave it back."""
+        self._unreleased = None
+        self._client.metrics.count("released")
+        if answer.get("released"):
+            return True
+        return self._release_mine() if self._unsure else False
 
     def _give_back(self, token: int, slot: Optional[int]) -> bool:
         answer = self._client.call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
@@ -520,9 +557,9 @@ class Lock:
 
         Returns:
             True when the engine's permit is this handle's. False when this handle holds
-            nothing, or when the permit is gone or someone else's: the lease is then
-            marked lost (``guard``). When the engine cannot be asked, the local belief
-            (``held``), and a warning is logged.
+                nothing, or when the permit is gone or someone else's: the lease is then
+                marked lost (``guard``). When the engine cannot be asked, the local belief
+                (``held``), and a warning is logged.
         """
         self._adopt_process()
         with self._io:  # no renew in flight: the token read here is the one the row should have

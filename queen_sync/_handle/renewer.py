@@ -15,12 +15,18 @@ local deadline, marking leases lost as their deadlines pass, so ``lost`` and the
 ``on_lost`` handlers fire on time however long the engine takes. An answer that
 comes after a lease's deadline does not revive it; the permit it renewed is
 given back.
+
+It also gives the leases it keeps back in batches when the client closes or calls
+``release_all()`` (``give_back``): a few calls for thousands of leases, none started
+past the caller's deadline, failures counted for one summary line, not logged each.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._errors import StoreReplacedError
@@ -36,6 +42,35 @@ _IDLE_CHECK = 60.0
 _LINGER = 0.5  # seconds the thread stays with nothing held before it exits
 _TAKE_ALONG = 0.6  # a due call also renews leases due within this share of their period
 _BUSY_RETRY = 0.1  # seconds before looking again at a lease a manual renew/release is using
+# Releases sent in one call by ``give_back``: few calls for thousands of leases, while one
+# call stays far inside any engine's timeout (PostgreSQL runs it as one transaction).
+RELEASES_PER_CALL = 256
+
+
+@dataclass
+class GiveBack:
+    """What ``Renewer.give_back`` did so far (read while it may still be running).
+
+    Attributes:
+        leases: the handles it was given.
+        done: those given back, or found no longer held (nothing left to give back).
+        error: the last failure of a call, for the summary line.
+    """
+
+    leases: int
+    done: int = 0
+    error: Optional[BaseException] = None
+
+    @property
+    def left(self) -> int:
+        """Handles whose permits may still be held: they expire by themselves."""
+        return self.leases - self.done
+
+    def summary(self, what: str) -> str:
+        """One line on what is left (secrets never reach it: engine errors are redacted)."""
+        why = f" ({type(self.error).__name__}: {self.error})" if self.error else ""
+        return (f"{what}: {self.left} of {self.leases} lease(s) were not given back{why}; "
+                "they expire by themselves within their TTL")
 
 
 class _Call:
@@ -199,6 +234,52 @@ class Renewer:
         if call.error is not None:
             log.warning("could not give back %d permit(s) renewed too late; they expire by "
                         "themselves: %r", len(ops), call.error)
+
+    def give_back(self, locks: list[Lock], tally: GiveBack,
+                  deadline: float = float("inf")) -> GiveBack:
+        """Release ``locks`` in batches of ``RELEASES_PER_CALL``, starting none past ``deadline``.
+
+        ``deadline`` is on ``time.monotonic()``. Failures are counted in ``tally``, never
+        logged here: the caller logs one line for all of them.
+        """
+        for start in range(0, len(locks), RELEASES_PER_CALL):
+            if time.monotonic() >= deadline:
+                break
+            self._give_back_batch(locks[start:start + RELEASES_PER_CALL], tally)
+        return tally
+
+    def _give_back_batch(self, locks: list[Lock], tally: GiveBack) -> None:
+        claimed: list[Lock] = []
+        busy: list[Lock] = []
+        for lock in locks:
+            (claimed if lock.try_begin_call() else busy).append(lock)
+        try:
+            pairs = [(lock, op) for lock in claimed if (op := lock.begin_release()) is not None]
+            tally.done += len(claimed) - len(pairs)  # held nothing: nothing to give back
+            if pairs:
+                self._send_releases(pairs, tally)
+        finally:
+            for lock in claimed:
+                lock.end_call()
+        for lock in busy:  # another call of the handle is in flight: release after it lands
+            try:
+                lock.release()
+                tally.done += 1
+            except Exception as exc:
+                tally.error = exc
+
+    def _send_releases(self, pairs: list[tuple[Lock, dict[str, Any]]], tally: GiveBack) -> None:
+        try:
+            answers = self._client.call_locks([op for _, op in pairs])
+        except Exception as exc:
+            tally.error = exc  # each handle keeps its token: release() retries it
+            return
+        for (lock, _), answer in zip(pairs, answers):
+            try:
+                lock.end_release(answer)
+                tally.done += 1
+            except Exception as exc:  # a lost-answer renew's permit could not be found
+                tally.error = exc
 
     def _next_wake(self, now: float) -> float:
         times = [min(max(lock.renew_due, self._deferred.get(id(lock), 0.0)), lock.deadline)

@@ -12,16 +12,21 @@ if TYPE_CHECKING:
     from .._results import Holder, RunResult
 
 _STYLE = "border-collapse:collapse;font-family:monospace"
+# Cells are padded inline, since outside Jupyter (the docs site, an exported page) no
+# stylesheet pads them and neighbouring cells would read as one word.
+_CELL = "text-align:left;vertical-align:top;padding:2px 1.5em 2px 0"
 
 
 def _table(caption: str, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in header)
+    # Whitespace between cells renders as nothing, but keeps copied or extracted text apart.
+    head = " ".join(f"<th style='{_CELL}'>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
+        "\n<tr>" + " ".join(f"<td style='{_CELL}'>{html.escape(str(cell))}</td>" for cell in row)
+        + "</tr>"
         for row in rows
     )
     return (f"<table style='{_STYLE}'><caption style='text-align:left'>{caption}</caption>"
-            f"<tr>{head}</tr>{body}</table>")
+            f"\n<tr>{head}</tr>{body}\n</table>")
 
 
 def lock_html(lock: Lock) -> str:

@@ -12,8 +12,8 @@ def test_only_one_copy_runs():
         q2.close()
 ```
 
-- ``FakeBroker``: in-process (``responses`` answers ``requests``), no socket;
-  the fastest, and the place to inject faults into single calls.
+- ``FakeBroker``: in-process (a ``requests`` transport of its own answers its URL),
+  no socket; the fastest, and the place to inject faults into single calls.
 - ``LocalBroker``: a real HTTP server on 127.0.0.1 on an ephemeral port, to cross
   a real socket, stop and restart "the broker", and share one store between
   several processes. A test and demo tool, not a production broker.

@@ -1,25 +1,29 @@
-"""``FakeBroker``: the Queen routes in-process, through ``responses``, with injectable faults.
+"""``FakeBroker``: the Queen routes in-process, through a ``requests`` transport of its own.
 
-No socket is opened: while it runs, ``requests`` calls to its URL are answered by
-the embedded engine on an SQLite file, and calls to any other URL fail.
+No socket is opened: while it runs, every ``requests`` session sends what is addressed
+to its URL to a transport adapter that answers from the embedded engine on an SQLite
+file, whenever that session was made. Other URLs go to the network as usual.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
+import threading
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import requests
+from requests.adapters import BaseAdapter
+from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 from urllib3.exceptions import ProtocolError as Urllib3ProtocolError
 
-from ._core import FAULT_KINDS, PATHS, BrokerTools, Fault, Reply
-
-_Answer = Union[Exception, tuple[int, dict[str, str], bytes]]
+from ._core import FAULT_KINDS, BrokerTools, Fault, Reply
 
 
 class FakeBroker(BrokerTools):
-    """An in-process, stateful Queen broker for tests, built on ``responses``.
+    """An in-process, stateful Queen broker for tests; it needs nothing beyond ``requests``.
 
     ```python
     with FakeBroker() as broker:
@@ -29,7 +33,8 @@ class FakeBroker(BrokerTools):
     ```
 
     Args:
-        url: the broker URL it answers for (no socket is opened).
+        url: the broker URL it answers for (no socket is opened). One running fake
+            answers a URL at a time.
         path: the SQLite file behind it; None: a temporary one.
         token: when given, calls must carry ``Authorization: Bearer <token>``.
         clock: the epoch-seconds clock the store judges expiry by (default
@@ -41,36 +46,40 @@ class FakeBroker(BrokerTools):
         self._url = url.rstrip("/")
         super().__init__(path, token=token, kinds=FAULT_KINDS, prefix="queen-fake-broker-",
                          clock=clock)
-        self._mock: Any = None
+        self._transport: Optional[_Transport] = None
 
     @property
     def url(self) -> str:
+        """The broker URL its clients are given (no socket listens on it)."""
         return self._url
 
     def start(self) -> FakeBroker:
-        """Start answering (``requests`` is patched until ``stop``)."""
-        import responses
+        """Start answering its URL, for every ``requests`` session, until ``stop``.
 
-        if self._mock is not None:
+        Raises:
+            ValueError: another running ``FakeBroker`` answers this URL already.
+        """
+        if self._transport is not None:
             return self
-        self._core.open()
-        mock = responses.RequestsMock(assert_all_requests_are_fired=False)
-        for path in PATHS:
-            for method in (responses.POST, responses.GET):
-                mock.add_callback(method, self._url + path, callback=self._callback)
-        mock.start()
-        self._mock = mock
+        transport = _Transport(self)
+        _ROUTER.add(self._url, transport)  # first: a refused start opens nothing
+        try:
+            self._core.open()
+        except BaseException:
+            _ROUTER.remove(self._url, transport)
+            raise
+        self._transport = transport
         return self
 
     def stop(self) -> None:
-        """Stop answering and un-patch ``requests``."""
-        mock, self._mock = self._mock, None
-        if mock is not None:
-            mock.stop()
-            mock.reset()
+        """Stop answering: its URL then reaches nothing, as an unknown host would."""
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            _ROUTER.remove(self._url, transport)
         self._core.close()
 
-    def _callback(self, request: requests.PreparedRequest) -> _Answer:
+    def answer(self, request: requests.PreparedRequest) -> Reply:
+        """The reply to ``request``, faults included; a transport fault raises."""
         path = "/" + (request.path_url or "").lstrip("/")
         method = request.method or "POST"
         raw = request.body if isinstance(request.body, bytes) else (request.body or "").encode()
@@ -78,19 +87,107 @@ class FakeBroker(BrokerTools):
         if fault is None or fault.kind == "delay":
             if fault is not None:
                 time.sleep(fault.seconds)
-            return _tuple(self._core.answer(method, path, dict(request.headers), raw))
+            return self._core.answer(method, path, dict(request.headers), raw)
         if fault.applied:
             self._core.answer(method, path, dict(request.headers), raw)
         if fault.kind == "status":
-            return _tuple(fault.reply())
-        return _transport_fault(fault, request.url or self._url)
+            return fault.reply()
+        raise _transport_fault(fault, request.url or self._url)
 
     def __repr__(self) -> str:
-        return f"<FakeBroker {self._url} {'running' if self._mock else 'stopped'}>"
+        return f"<FakeBroker {self._url} {'running' if self._transport else 'stopped'}>"
 
 
-def _tuple(reply: Reply) -> tuple[int, dict[str, str], bytes]:
-    return reply.status, dict(reply.headers), reply.body
+class _Transport(BaseAdapter):
+    """A ``requests`` transport adapter that answers from one ``FakeBroker``, socket-free."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        super().__init__()
+        self._broker = broker
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: Any = None, verify: Any = True, cert: Any = None,
+             proxies: Any = None) -> requests.Response:
+        reply = self._broker.answer(request)
+        response = requests.Response()
+        response.status_code = reply.status
+        response.reason = http.client.responses.get(reply.status, "")
+        response.headers = CaseInsensitiveDict(dict(reply.headers))
+        response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+        response.raw = io.BytesIO(reply.body)  # read as a socket's body would be
+        response.url = request.url or ""
+        response.request = request
+        return response
+
+    def close(self) -> None:
+        """Nothing to close: no connection was opened."""
+
+
+class _Router:
+    """Sends each ``requests`` session's calls for a running fake's URL to its transport.
+
+    A session picks its transport in ``Session.get_adapter``; while any fake runs, that
+    method first looks here, so sessions made before the fake started are answered too,
+    and a URL no fake answers gets the session's own adapter as usual.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._routes: dict[str, _Transport] = {}  # "http://host:port/" -> its transport
+        self._plain: Any = None  # Session.get_adapter as the hook found it, while it is in
+
+    def add(self, url: str, transport: _Transport) -> None:
+        prefix = url.lower() + "/"
+        with self._mutex:
+            if prefix in self._routes:
+                raise ValueError(f"another FakeBroker already answers {url}: stop it first, "
+                                 "or give this one another URL")
+            # Copied, not changed in place: a session picking its transport reads no lock.
+            self._routes = {**self._routes, prefix: transport}
+            if requests.Session.get_adapter is not _route:
+                # A class attribute: the one way in for every session, however it was made.
+                # When the hook is still in (another tool patched over it, then put it
+                # back), what it found then is still what it passes other URLs on to.
+                self._plain = requests.Session.get_adapter
+                requests.Session.get_adapter = _route  # type: ignore[method-assign,assignment]
+
+    def remove(self, url: str, transport: _Transport) -> None:
+        prefix = url.lower() + "/"
+        with self._mutex:
+            if self._routes.get(prefix) is not transport:
+                return
+            self._routes = {k: v for k, v in self._routes.items() if k != prefix}
+            self._leave_if_ours()
+
+    def _leave_if_ours(self) -> None:
+        """Put back what the hook found, if it is the hook in place and no fake runs.
+
+        A tool that patched over the hook keeps its patch; when it stops it hands the hook
+        back, which passes every URL on and leaves at its first call.
+        """
+        if not self._routes and requests.Session.get_adapter is _route:
+            requests.Session.get_adapter = self._plain  # type: ignore[method-assign]
+            self._plain = None
+
+    def pick(self, session: requests.Session, url: str) -> BaseAdapter:
+        wanted = url.lower()
+        for prefix, transport in self._routes.items():
+            if wanted.startswith(prefix):
+                return transport
+        plain = self._plain or _PLAIN_GET_ADAPTER  # the router may be leaving meanwhile
+        if not self._routes and self._plain is not None:
+            with self._mutex:
+                self._leave_if_ours()
+        adapter: BaseAdapter = plain(session, url)
+        return adapter
+
+
+_PLAIN_GET_ADAPTER = requests.Session.get_adapter
+_ROUTER = _Router()
+
+
+def _route(session: requests.Session, url: str) -> BaseAdapter:
+    return _ROUTER.pick(session, url)
 
 
 def _transport_fault(fault: Fault, url: str) -> Exception:

@@ -69,6 +69,7 @@ class FaultyEngine(Engine):
         **options: engine options for a URL, e.g. ``clock=`` (epoch seconds) for SQLite.
 
     Attributes:
+        sent: calls made to this engine, by route, whatever a fault did to them.
         calls: calls ``inner`` answered, by route.
         injected: faults injected, by kind (``fail``, ``delay``, ``hook``).
     """
@@ -83,6 +84,7 @@ class FaultyEngine(Engine):
         self._inner = inner
         self.kind = inner.kind
         self.capabilities = inner.capabilities
+        self.sent: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.injected: Counter[str] = Counter()
         self._rules: list[_Rule] = []
@@ -95,6 +97,7 @@ class FaultyEngine(Engine):
 
     @property
     def url(self) -> str:
+        """The inner engine's URL (without credentials)."""
         return self._inner.url
 
     # ---- scripting ---------------------------------------------------------------------
@@ -157,7 +160,10 @@ class FaultyEngine(Engine):
     # ---- the engine --------------------------------------------------------------------
 
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Forward one call to the inner engine, running the first scripted fault it matches."""
         rule = self._take(route, body)
+        with self._mutex:
+            self.sent[route] += 1
         if rule is not None and not rule.applied:
             rule.action(route, body)
         answer = self._inner.call(route, body)
@@ -169,16 +175,20 @@ class FaultyEngine(Engine):
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
+        """The inner engine's release notifications for ``name`` (never faulted)."""
         with self._inner.subscribe(name) as waiter:
             yield waiter
 
     def fence(self, conn: Any, *, name: str, slot: int, token: int) -> None:
+        """The inner engine's ``fence`` (never faulted)."""
         self._inner.fence(conn, name=name, slot=slot, token=token)
 
     def after_fork(self) -> None:
+        """Let the inner engine drop what a forked child must not share."""
         self._inner.after_fork()
 
     def close(self) -> None:
+        """Close the inner engine."""
         self._inner.close()
 
     def __repr__(self) -> str:

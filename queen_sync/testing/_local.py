@@ -152,6 +152,11 @@ class LocalBroker(BrokerTools):
 
     @property
     def url(self) -> str:
+        """``http(s)://127.0.0.1:PORT``; the port stays the same across ``stop``/``start``.
+
+        Raises:
+            RuntimeError: the broker was never started, so it has no port yet.
+        """
         if not self._port:
             raise RuntimeError("the broker has not been started yet")
         scheme = "http" if self._tls is None else "https"
@@ -159,6 +164,7 @@ class LocalBroker(BrokerTools):
 
     @property
     def running(self) -> bool:
+        """True between ``start`` and ``stop``: the port answers."""
         return self._server is not None
 
     def start(self) -> LocalBroker:

@@ -19,10 +19,12 @@ QUEEN_SYNC = [sys.executable, "-m", "queen_sync"]
 def child_waiting_for(go: Path, report: Path) -> list[str]:
     """A child command that writes its QUEEN_LOCK_* environment to ``report``, then waits for
     ``go`` to exist (20 s at most)."""
+    # Written aside and renamed: a test waiting for the report must never read it half-written.
     code = (
         "import json, os, pathlib, time\n"
-        f"pathlib.Path({str(report)!r}).write_text(json.dumps("
+        f"pathlib.Path({str(report)!r} + '.part').write_text(json.dumps("
         "{k: v for k, v in os.environ.items() if k.startswith('QUEEN_LOCK_')}))\n"
+        f"os.replace({str(report)!r} + '.part', {str(report)!r})\n"
         "deadline = time.time() + 20\n"
         f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
         "    time.sleep(0.02)\n"

@@ -158,6 +158,20 @@ class TestTheChild:
         assert "Traceback" not in done.stderr, f"no traceback: {done.stderr!r}"
         assert cli.holders("job") == [], "nothing stays held"
 
+    def test_a_directory_given_as_the_command_exits_126_saying_so_on_one_line(
+            self, cli: Cli, tmp_path: Path) -> None:
+        done = cli.run("run", "job", "--", str(tmp_path))
+        assert done.returncode == 126, f"a directory cannot be executed: {done.returncode}"
+        assert done.stderr.splitlines() == [
+            f"queen-sync: the command could not be executed: {tmp_path} (it is a directory)"
+        ], f"one line naming the program and why: {done.stderr!r}"
+
+    def test_a_command_that_is_not_found_is_reported_on_one_line(self, cli: Cli) -> None:
+        done = cli.run("run", "job", "--", "no-such-command-queen-sync-test", "--flag")
+        assert done.stderr.splitlines() == [
+            "queen-sync: command not found: no-such-command-queen-sync-test"
+        ], f"one line, as env(1) prints it, no traceback: {done.stderr!r}"
+
 
 class TestLosingTheLease:
     @pytest.mark.parametrize("how", ["release --token", "row deleted"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import time
@@ -32,6 +33,11 @@ def _pid_writer(report: Path) -> list[str]:
             f"pathlib.Path({str(report)!r}).write_text(str(os.getpid()))\n"
             "time.sleep(30)\n")
     return [sys.executable, "-c", code]
+
+
+def _written(report: Path) -> str:
+    """The report's stripped text once it exists (empty, so falsy, until then)."""
+    return report.read_text().strip() if report.exists() else ""
 
 
 class TestTheRunnerKilled:
@@ -87,8 +93,8 @@ class TestTheRunnerKilled:
         reports = [tmp_path / f"pid-{i}" for i in range(runs)]
         for process in cli.started:
             process.wait(timeout=20)
-        pids = [int(wait_for(lambda r=report: r.exists() and r.read_text().strip(),
-                             what="a worker's pid")) for report in reports]
+        pids = [int(wait_for(functools.partial(_written, report), what="a worker's pid"))
+                for report in reports]
         try:
             wait_for(lambda: not any(alive(pid) for pid in pids), timeout=3.0,
                      what="every worker to die with its runner")

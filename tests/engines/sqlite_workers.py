@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import queen_sync as qs
 
@@ -144,10 +144,11 @@ def _hold_until_stdin_closes(q: qs.Queen, told: int) -> None:
     os._exit(0)
 
 
-COMMANDS = {"acquire": acquire, "fork_after_replace": fork_after_replace,
-            "fork_during_write": fork_during_write,
-            "fork_holder_then_leave": fork_holder_then_leave, "touch": touch,
-            "try_touch": try_touch, "write_for": write_for}
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "acquire": acquire, "fork_after_replace": fork_after_replace,
+    "fork_during_write": fork_during_write,
+    "fork_holder_then_leave": fork_holder_then_leave, "touch": touch,
+    "try_touch": try_touch, "write_for": write_for}
 
 if __name__ == "__main__":
     print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])), flush=True)

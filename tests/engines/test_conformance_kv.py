@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import queen_sync as qs
 from queen_sync._durations import MAX_TTL_SECONDS
 from queen_sync._ops import MAX_VALUE_DEPTH
+from queen_sync.testing import FaultyEngine
 
 _NAMESPACES = itertools.count()
 
@@ -322,11 +323,11 @@ class TestBadKvOps:
         assert not lost and lost["value"] == value, "a losing write reports the deep value"
 
     @pytest.mark.parametrize("depth", [MAX_VALUE_DEPTH + 1, 100_000])
-    def test_a_value_nested_past_the_limit_is_refused_before_any_io(self, q: qs.Queen,
-                                                                    depth: int) -> None:
+    def test_a_value_nested_past_the_limit_is_refused_before_any_io(
+            self, faulty_q: qs.Queen, faults: FaultyEngine, depth: int) -> None:
+        q = faulty_q
         sent: list[str] = []
-        real = q._engine.call
-        q._engine.call = lambda route, body: sent.append(route) or real(route, body)  # type: ignore[method-assign]
+        faults.hook_next(None, hook=lambda route, body: sent.append(route))
         for write in (lambda v: q.kv.put("app", "deep", v, forever=True),
                       lambda v: q.transaction().once("app", "deep", value=v, forever=True)):
             with pytest.raises(qs.RequestError, match=f"deeper than {MAX_VALUE_DEPTH}") as caught:
@@ -343,8 +344,9 @@ class TestBadKvOps:
     def test_a_non_finite_number_in_incr_is_refused_at_the_call(self, q: qs.Queen, bad: float,
                                                                field: str) -> None:
         q.kv.incr("app", "n", delta=1, forever=True)
+        limit: dict[str, Any] = {field: bad}
         with pytest.raises(ValueError, match=f"{field} must be a finite number"):
-            q.kv.incr("app", "n", forever=True, **{field: bad})
+            q.kv.incr("app", "n", forever=True, **limit)
         with pytest.raises(ValueError, match=f"{field} must be a finite number"):
             q.kv.batch([{"op": "incr", "ns": "app", "key": "n", "delta": 1, field: bad,
                          "forever": True}])

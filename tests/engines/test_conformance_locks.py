@@ -251,6 +251,7 @@ class TestSemaphore:
         with pytest.raises(REFUSED) as caught:
             acquire(q, "job", "bob", limit=asked)
         error = caught.value
+        assert isinstance(error, REFUSED), repr(error)  # for the type checker: both carry code
         assert error.code == "lock_limit_mismatch", repr(error)
         assert f"limit {held}" in str(error) and f"limit {asked}" in str(error), str(error)
         holders = q.locks.get("job")["holders"]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import queen_sync as qs
+from queen_sync.testing import FaultyEngine
 
 _NAMESPACES = itertools.count()
 Adder = Callable[[qs.Transaction, str], qs.Transaction]
@@ -183,25 +184,21 @@ class TestGuards:
         assert lock.lost.is_set() and lock.lost_reason == "guard", repr(lock)
         assert not q.kv.get("out", "a"), "the fenced write must not land"
 
-    def test_a_guard_that_lost_only_to_its_own_renewal_is_resent(self, q: qs.Queen) -> None:
+    def test_a_guard_that_lost_only_to_its_own_renewal_is_resent(
+            self, faulty_q: qs.Queen, faults: FaultyEngine) -> None:
+        q = faulty_q
         lock = q.lock("job", ttl=30, auto_renew=False)
         assert lock.acquire()
-        engine = q._engine
-        real_call = engine.call
         sent: list[Any] = []
 
-        def renew_first(route: str, body: Any) -> Any:
-            if route == "transaction" and not sent:
+        def renew_first(route: str, body: Mapping[str, Any]) -> None:
+            if not sent:
                 assert lock.renew(), "the renew underneath must succeed"
-            if route == "transaction":
-                sent.append(body["kv"][0]["expect"])
-            return real_call(route, body)
+            sent.append(body["kv"][0]["expect"])
 
-        engine.call = renew_first  # type: ignore[method-assign]
-        try:
-            answer = q.transaction().guard(lock).kv.incr("out", "n", forever=True).commit()
-        finally:
-            engine.call = real_call  # type: ignore[method-assign]
+        faults.hook_next(None, hook=renew_first, route="transaction")
+        answer = q.transaction().guard(lock).kv.incr("out", "n", forever=True).commit()
+        faults.clear()
         assert answer, f"the bundle must commit on the renewed token: {answer}"
         assert len(sent) == 2 and sent[1] > sent[0], f"one resend, new token: {sent}"
         assert not lock.lost.is_set(), "losing to our own renewal is not a loss"

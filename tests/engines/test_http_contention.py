@@ -20,6 +20,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +80,7 @@ def runs_of(committed: list[tuple[int, str]]) -> list[str]:
 
 @pytest.mark.realtime
 def test_no_guarded_commits_interleave_and_none_is_applied_twice_under_faults(
-    tmp_path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     with LocalBroker(str(tmp_path / "broker.db")) as broker:
         broker.faults.chaos(0.3, seed=7)
@@ -105,7 +106,7 @@ def test_no_guarded_commits_interleave_and_none_is_applied_twice_under_faults(
     assert counter == len(calls), f"counter {counter} != {len(calls)} calls applied"
     values = [value for value, _ in committed]
     assert len(set(values)) == len(values), "two commits saw the same counter value"
-    runs = runs_of(committed)  # type: ignore[arg-type]
+    runs = runs_of(committed)
     assert len(runs) == len(set(runs)), f"a holder's commits interleaved with another's: {runs}"
 
 

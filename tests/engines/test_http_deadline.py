@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,12 +14,6 @@ from queen_sync.testing import LocalBroker
 MARGIN = 0.25  # scheduling and the last socket's close on a loaded 2-core machine
 
 pytestmark = pytest.mark.realtime
-
-
-@pytest.fixture
-def broker(tmp_path) -> Iterator[LocalBroker]:  # type: ignore[no-untyped-def]
-    with LocalBroker(str(tmp_path / "broker.db")) as local:
-        yield local
 
 
 def sent(q: qs.Queen) -> int:

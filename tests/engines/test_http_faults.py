@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
@@ -12,12 +12,6 @@ import queen_sync as qs
 from queen_sync.testing import LocalBroker
 
 HTML_502 = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
-
-
-@pytest.fixture
-def broker(tmp_path) -> Iterator[LocalBroker]:  # type: ignore[no-untyped-def]
-    with LocalBroker(str(tmp_path / "broker.db")) as local:
-        yield local
 
 
 def wait_for(condition: Callable[[], bool], seconds: float) -> bool:

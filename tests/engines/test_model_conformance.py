@@ -10,10 +10,10 @@ compares the engine's answer with ``model.reference`` (see ``model.matching`` fo
 what may differ: version numbering, and times on an engine with its own clock),
 then reads the whole store back and checks the lease invariants on the engine.
 
-Engines and their clocks: SQLite runs on the test's clock (``SqliteEngine(clock=)``);
-LocalBroker's store is built without a clock option, so the test sets its storage's
-clock after start; PostgreSQL judges time by the database, so there TTLs are hours
-long (nothing expires during an example) and the clock rule is off.
+Engines and their clocks: SQLite and LocalBroker run on the test's clock
+(``SqliteEngine(clock=)``, ``LocalBroker(clock=)``); PostgreSQL judges time by the
+database, so there TTLs are hours long (nothing expires during an example) and the
+clock rule is off.
 
 ``QUEEN_SYNC_MODEL_EXAMPLES=500`` runs many more examples than CI does.
 """
@@ -115,9 +115,8 @@ def _http_stores(request: pytest.FixtureRequest) -> StoreFactory:
     from queen_sync.testing import LocalBroker
 
     def open_store() -> Store:
-        broker = LocalBroker().start()
         clock = EngineClock()
-        broker.core.engine.storage._clock = clock  # no public option for the broker's clock
+        broker = LocalBroker(clock=clock).start()
         clients = [qs.Queen(broker.url, renew_thread=False) for _ in range(2)]
         return Store(clients, clock, SHORT_TTLS, qs.QueenHttpError, [broker.close])
 
@@ -310,8 +309,8 @@ class ModelMachine(RuleBasedStateMachine):
         op["token"] = self._token(data, name, permit)
         unsaid: list[Optional[int]] = [None]
         slots: list[Optional[int]] = list(range(max(LIMITS) + 1))
-        chosen = _weighted(data, "slot", (4, unsaid), (4, [] if slot is None else [slot]),
-                           (1, slots))
+        mine: list[Optional[int]] = [] if slot is None else [slot]
+        chosen = _weighted(data, "slot", (4, unsaid), (4, mine), (1, slots))
         if chosen is not None:
             op["slot"] = chosen
         if kind == "renew":
@@ -389,11 +388,13 @@ class ModelMachine(RuleBasedStateMachine):
         prefixes = [f"{n}#" for n in LOCKS] if ns == LOCKS_NS else list(PREFIXES)
         op: dict[str, Any] = {"op": "getPrefix", "ns": ns,
                               "prefix": data.draw(st.sampled_from(prefixes))}
-        for name, strategy in (("after", st.sampled_from(keys)), ("limit", st.integers(1, 3)),
-                               ("keysOnly", st.booleans())):
-            chosen = data.draw(st.none() | strategy, label=name)
-            if chosen is not None:
-                op[name] = chosen
+        options: list[tuple[str, st.SearchStrategy[Any]]] = [
+            ("after", st.sampled_from(keys)), ("limit", st.integers(1, 3)),
+            ("keysOnly", st.booleans())]
+        for name, strategy in options:
+            value = data.draw(st.none() | strategy, label=name)
+            if value is not None:
+                op[name] = value
         return op
 
     def _guard(self, data: st.DataObject) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Optional
 
 import queen_sync as qs
+from queen_sync._engines.sqlite import SqliteEngine
 
 NS = "procs"
 
@@ -133,6 +134,7 @@ def commit_after_pause(url: str, name: str, ttl: float, about_to_write: Any, res
         return
     q, lock = taken
     engine = q.engine
+    assert isinstance(engine, SqliteEngine), "the stall holds the SQLite storage's mutex"
     real_call = engine.call
 
     def stalled_call(route: str, body: Any) -> Any:

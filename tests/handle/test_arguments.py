@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import queen_sync as qs
-from queen_sync._durations import MAX_TTL_SECONDS
+from queen_sync import parse_duration
+from queen_sync._durations import MAX_TTL_SECONDS, MIN_TTL_SECONDS
+from queen_sync.testing import FaultyEngine
 
 
 @pytest.fixture
@@ -55,11 +59,11 @@ class TestLifetimes:
         with pytest.raises(TypeError):
             q.lock("job", **kwargs)
 
-    def test_a_fractional_lifetime_is_rounded_up_on_the_wire(self, q: qs.Queen) -> None:
-        sent: list[Any] = []
-        real = q._engine.call
-        q._engine.call = lambda route, body: sent.append(body) or real(route, body)  # type: ignore[method-assign]
-        lock = q.lock("job", ttl=1.2)
+    def test_a_fractional_lifetime_is_rounded_up_on_the_wire(
+            self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine) -> None:
+        sent: list[Mapping[str, Any]] = []
+        sqlite_faults.hook_next(None, hook=lambda route, body: sent.append(body))
+        lock = faulty_mq.lock("job", ttl=1.2)
         assert lock.acquire()
         assert sent[0]["operations"][0]["ttlSeconds"] == 2, sent[0]
         assert lock.ttl == 1.2, "the local deadline keeps the exact, shorter lifetime"
@@ -110,11 +114,124 @@ class TestLifetimes:
             q.lock("job", ttl=10, renew_every=10)
 
 
+SUB_SECOND: list[Any] = [0.5, 0.999, "999ms", "10ms", timedelta(milliseconds=500), 1e-9]
+
+
+class TestTheMinimumLeaseLifetime:
+    def test_the_minimum_is_one_second_by_a_named_constant(self) -> None:
+        assert MIN_TTL_SECONDS == 1.0, "docs and errors promise a one-second minimum"
+
+    @pytest.mark.parametrize("ttl", SUB_SECOND)
+    def test_a_lease_shorter_than_a_second_is_refused_by_every_call_that_takes_one(
+        self, q: qs.Queen, ttl: Any
+    ) -> None:
+        calls: dict[str, Callable[[], Any]] = {
+            "lock": lambda: q.lock("job", ttl=ttl),
+            "semaphore": lambda: q.semaphore("pool", 2, ttl=ttl),
+            "locks.acquire": lambda: q.locks.acquire("job", ttl=ttl),
+            "locks.renew": lambda: q.locks.renew("job", token=1, ttl=ttl),
+            "singleton_job": lambda: qs.singleton_job("job", ttl=ttl, client=q),
+        }
+        for what, call in calls.items():
+            with pytest.raises(ValueError, match="at least 1 second") as refused:
+                call()
+            assert repr(ttl) in str(refused.value), f"{what}: name the value: {refused.value}"
+        assert not q.locks.get("job") and not q.locks.get("pool"), "nothing may be sent"
+
+    @pytest.mark.parametrize("ttl", [1, 1.0, "1s", "1000ms", timedelta(seconds=1), "1.5s"])
+    def test_a_lease_of_at_least_the_minimum_is_taken(self, q: qs.Queen, ttl: Any) -> None:
+        lock = q.lock("job", ttl=ttl)
+        assert lock.acquire(), f"ttl={ttl!r} is at least the minimum"
+        assert q.locks.acquire("raw", ttl=ttl), f"the raw wire takes ttl={ttl!r} too"
+        lock.release()
+
+    @settings(max_examples=200, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(seconds=st.floats(min_value=0.001, max_value=3))
+    def test_a_lease_is_accepted_exactly_when_it_lasts_at_least_the_minimum(
+        self, q: qs.Queen, seconds: float
+    ) -> None:
+        spellings = (seconds, f"{seconds:.4f}s", f"{seconds * 1000:.1f}ms",
+                     timedelta(seconds=seconds))
+        for ttl in spellings:
+            expected = parse_duration(ttl) >= MIN_TTL_SECONDS
+            try:
+                q.lock("job", ttl=ttl)
+                accepted = True
+            except ValueError:
+                accepted = False
+            assert accepted == expected, f"ttl={ttl!r}: accepted={accepted}"
+
+    def test_the_notebook_magic_refuses_it_in_its_own_words(self, sqlite_url: str) -> None:
+        from queen_sync._front.magic import run_locked_cell
+
+        with pytest.raises(ValueError, match=r"^%%lock: --ttl: a lease must last at least 1 s"):
+            run_locked_cell(object(), f"job --ttl 500ms --url {sqlite_url}", "pass")
+
+    def test_a_key_value_expiry_below_a_second_is_no_lease_and_is_accepted(
+        self, q: qs.Queen
+    ) -> None:
+        assert q.kv.put("app", "k", 1, ttl="100ms"), "data expiry is not a lease lifetime"
+        assert q.kv.get("app", "k")["found"], "rounded up to the wire's whole second"
+
+
+class TestTheShortestRenewInterval:
+    def test_the_floor_is_a_third_of_the_shortest_lease_by_a_named_constant(self) -> None:
+        from queen_sync._durations import MIN_RENEW_EVERY_SECONDS
+
+        assert MIN_RENEW_EVERY_SECONDS == MIN_TTL_SECONDS / 3, (
+            "the floor is how often the renewer renews the shortest lease by default")
+
+    @pytest.mark.parametrize("every", ["1ms", 1e-9, "10ms", 0.3, timedelta(milliseconds=100)])
+    def test_a_renew_interval_below_the_floor_is_refused_naming_the_value(
+        self, q: qs.Queen, every: Any
+    ) -> None:
+        calls: dict[str, Callable[[], Any]] = {
+            "lock": lambda: q.lock("job", ttl="1s", renew_every=every),
+            "semaphore": lambda: q.semaphore("pool", 2, ttl="1m", renew_every=every),
+        }
+        for what, call in calls.items():
+            with pytest.raises(ValueError, match=r"renew_every must be at least 0\.333s") as no:
+                call()
+            assert repr(every) in str(no.value), f"{what}: name the value: {no.value}"
+        assert not q.locks.get("job") and not q.locks.get("pool"), "nothing may be sent"
+
+    @settings(max_examples=200, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(every=st.floats(min_value=1e-6, max_value=3), ttl=st.floats(min_value=1, max_value=4))
+    def test_a_renew_interval_is_accepted_exactly_from_the_floor_up_to_the_lifetime(
+        self, q: qs.Queen, every: float, ttl: float
+    ) -> None:
+        from queen_sync._durations import MIN_RENEW_EVERY_SECONDS
+
+        expected = MIN_RENEW_EVERY_SECONDS <= every < ttl
+        try:
+            lock = q.lock("job", ttl=ttl, renew_every=every)
+        except ValueError:
+            accepted = False
+        else:
+            accepted = lock.renew_every == every
+        assert accepted == expected, f"ttl={ttl!r}, renew_every={every!r}: accepted={accepted}"
+
+    def test_the_default_interval_of_the_shortest_lease_meets_the_floor(self, q: qs.Queen) -> None:
+        lock = q.lock("job", ttl=MIN_TTL_SECONDS)
+        assert lock.renew_every == MIN_TTL_SECONDS / 3, f"default: a third, {lock.renew_every}"
+
+
 class TestNamesAndNumbers:
     @pytest.mark.parametrize("name", ["", "a#1", "bell\x07", "x" * 257, "é" * 129])
     def test_bad_lock_names_are_value_errors(self, q: qs.Queen, name: str) -> None:
         with pytest.raises(ValueError):
             q.lock(name, ttl=5)
+
+    @pytest.mark.parametrize("what", ["name", "owner"])
+    def test_a_name_or_owner_that_is_not_utf8_is_refused_as_such(self, q: qs.Queen,
+                                                                  what: str) -> None:
+        text = b"job-\xff".decode("utf-8", "surrogateescape")  # as a Latin-1 file name arrives
+        kwargs: dict[str, Any] = {"owner": text} if what == "owner" else {}
+        with pytest.raises(qs.RequestError, match=r"is not valid UTF-8$") as refused:
+            q.lock(text if what == "name" else "job", ttl=5, **kwargs)
+        assert "codec" not in str(refused.value), f"a raw codec error: {refused.value}"
 
     @pytest.mark.parametrize("name", [None, 5, b"job"])
     def test_lock_names_must_be_strings(self, q: qs.Queen, name: Any) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import queen_sync as qs
 import queen_sync._default as default
+from queen_sync._client import default_url
 from queen_sync._engines import engine_from_url
 from queen_sync._engines.base import Capabilities, Engine
 
@@ -72,7 +73,8 @@ class TestLock:
             take(lock)
         _refused(caught, missing)
         engine = q.engine
-        assert isinstance(engine, Declaring) and engine.sent == [], engine.sent
+        assert isinstance(engine, Declaring), engine
+        assert engine.sent == [], engine.sent
         assert not lock.held and not lock.in_block, repr(lock)
 
     def test_a_semaphore_is_refused_too(self, weak: tuple[qs.Queen, str]) -> None:
@@ -107,7 +109,7 @@ class TestSingletonJob:
         with _client(sqlite_url, fencing=False) as q:
             # The default client is built from a URL; a declared engine can only be put in place.
             monkeypatch.setattr(default, "_client", q)
-            monkeypatch.setattr(default, "_built_for", default.default_url())
+            monkeypatch.setattr(default, "_built_for", default_url())
             assert qs.default_client() is q
             with pytest.raises(qs.UnsupportedOperationError) as caught:
                 nightly()

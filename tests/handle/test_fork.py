@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
 import queen_sync as qs
+from queen_sync._engines.sqlite import SqliteEngine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -126,3 +129,47 @@ class TestForkedChild:
         assert "fork" in report["refused"] and "worker-a" in report["refused"], report
         assert lock.acquire(), "the parent must still be able to use its handle"
         lock.release()
+
+
+class _EngineOutOfDescriptorsAtFork(SqliteEngine):
+    """An SQLite engine whose fork hook fails as one does in a process out of descriptors."""
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+class TestAFailingForkHook:
+    def test_a_client_whose_fork_hook_fails_does_not_leave_the_next_client_holding(
+        self, tmp_path: Path, sqlite_url: str
+    ) -> None:
+        failing = qs.Queen(engine=_EngineOutOfDescriptorsAtFork.from_url(
+            "sqlite://" + str(tmp_path / "other.db")), renew_thread=False)
+        q = qs.Queen(sqlite_url, renew_thread=False)
+        lock = q.lock("job", ttl=30)
+        assert lock.acquire()
+
+        def child() -> dict[str, Any]:
+            report: dict[str, Any] = {"held": lock.held, "token": lock.token}
+            try:
+                report["guard"] = lock.guard()
+            except qs.LockNotHeldError:
+                report["guard"] = None
+            try:
+                report["wrote"] = guarded_put(q, lock, "k", "child")
+            except qs.LockNotHeldError:
+                report["wrote"] = False
+            return report
+
+        try:
+            report, finish = fork_child(child)
+            finish()
+            assert "error" not in report, report
+            assert report == {"held": False, "token": None, "guard": None, "wrote": False}, (
+                f"another client's failed fork hook left this one holding in the child, "
+                f"with the parent's token: {report}")
+            assert lock.held, "the parent lost its lease"
+        finally:
+            lock.release()
+            q.close()
+            failing.close()

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 import queen_sync as qs
-from queen_sync.testing import LocalBroker
+from queen_sync.testing import FaultyEngine, LocalBroker
 
 
 @pytest.fixture
@@ -25,26 +25,6 @@ def mine_on_engine(q: qs.Queen, lock: qs.Lock) -> list[Any]:
     return [h for h in q.locks.get(lock.name)["holders"] if h["owner"] == lock.owner]
 
 
-def interrupt_once(q: qs.Queen, op: str, *, after: bool) -> list[bool]:
-    """Raise KeyboardInterrupt at the first ``op`` call, before or ``after`` the engine ran it."""
-    real = q._engine.call
-    fired: list[bool] = []
-
-    def call(route: str, body: Any) -> Any:
-        first = body.get("operations", [{}])[0].get("op") == op and not fired
-        if first and not after:
-            fired.append(True)
-            raise KeyboardInterrupt
-        answer = real(route, body)
-        if first:
-            fired.append(True)
-            raise KeyboardInterrupt
-        return answer
-
-    q._engine.call = call  # type: ignore[method-assign]
-    return fired
-
-
 def assert_clean(q: qs.Queen, lock: qs.Lock) -> None:
     assert not lock.in_block, f"the handle is stuck in a block: {lock!r}"
     assert not lock.held and lock not in q.renewer.held(), f"a lease is kept: {lock!r}"
@@ -54,18 +34,22 @@ def assert_clean(q: qs.Queen, lock: qs.Lock) -> None:
 class TestInterruptedExit:
     @pytest.mark.parametrize("after", [False, True], ids=["before-sent", "after-applied"])
     def test_an_interrupt_during_the_exit_release_strands_no_permit(
-        self, q: qs.Queen, after: bool
+        self, sqlite_faults: FaultyEngine, after: bool
     ) -> None:
-        lock = q.lock("job", ttl=60)
-        with pytest.raises(KeyboardInterrupt), lock:
-            fired = interrupt_once(q, "release", after=after)
-        assert fired, "setup: the release was not interrupted"
-        assert_clean(q, lock)
-        assert lock.acquire(), "the handle must be usable again"
+        with qs.Queen(engine=sqlite_faults, renew_thread=False) as q:
+            lock = q.lock("job", ttl=60)
+            with pytest.raises(KeyboardInterrupt), lock:
+                # Ctrl-C at the exit's release, before it is sent or once the engine applied it.
+                sqlite_faults.fail_next(error=KeyboardInterrupt, route="locks", op="release",
+                                        applied=after)
+            assert sqlite_faults.injected["fail"] == 1, "setup: the release was not interrupted"
+            assert_clean(q, lock)
+            assert lock.acquire(), "the handle must be usable again"
 
 
 class TestInterruptedEntry:
-    def test_an_interrupt_just_after_the_acquire_keeps_no_lease(self, q: qs.Queen) -> None:
+    def test_an_interrupt_just_after_the_acquire_keeps_no_lease(
+            self, q: qs.Queen, monkeypatch: pytest.MonkeyPatch) -> None:
         lock = q.lock("job", ttl=60)
         real = q.renewer.register
 
@@ -73,10 +57,10 @@ class TestInterruptedEntry:
             real(handle)
             raise KeyboardInterrupt  # Ctrl-C lands once the lease is taken and tracked
 
-        q.renewer.register = register_then_interrupt  # type: ignore[method-assign]
+        monkeypatch.setattr(q.renewer, "register", register_then_interrupt)
         with pytest.raises(KeyboardInterrupt), lock:
             pytest.fail("the block must not run")
-        q.renewer.register = real  # type: ignore[method-assign]
+        monkeypatch.undo()
         assert_clean(q, lock)
 
 

@@ -12,13 +12,6 @@ from manual_clock import ManualClock
 import queen_sync as qs
 
 
-@pytest.fixture
-def mq(sqlite_url: str, clock: ManualClock) -> Any:
-    client = qs.Queen(sqlite_url, clock=clock, renew_thread=False)
-    yield client
-    client.close()
-
-
 class TestHeld:
     def test_creating_a_handle_sends_nothing(self, mq: qs.Queen) -> None:
         lock = mq.lock("job", ttl=30)
@@ -75,7 +68,12 @@ class TestRunAndWith:
     def test_run_acquires_calls_and_releases(self, mq: qs.Queen) -> None:
         lock = mq.lock("job", ttl=30)
         seen: list[Any] = []
-        result = lock.run(lambda x, y=0: seen.append(qs.current_lock()) or x + y, 2, y=3)
+
+        def add(x: int, y: int = 0) -> int:
+            seen.append(qs.current_lock())
+            return x + y
+
+        result = lock.run(add, 2, y=3)
         assert result.acquired and result.value == 5 and result["acquired"] is True, result
         assert seen == [lock], "current_lock() must be the running lock"
         assert qs.current_lock() is None, "current_lock() must be reset after run"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from manual_clock import ManualClock
@@ -43,12 +43,6 @@ class LossWatch:
             f"on_lost ran {self.handled_at - deadline:.3f}s after the deadline")
         assert self.lock.lost_reason == "expired", self.lock.lost_reason
         assert not still_blocked.is_set(), "the engine call returned before the loss: no test"
-
-
-@pytest.fixture
-def broker(tmp_path: Any) -> Iterator[LocalBroker]:
-    with LocalBroker(str(tmp_path / "broker.db")) as running:
-        yield running
 
 
 def hold_write_lock(path: str, seconds: float) -> subprocess.Popen[str]:
@@ -93,7 +87,7 @@ class TestAtTheDeadline:
     ) -> None:
         path = str(tmp_path / "queen.db")
         with qs.Queen("sqlite://" + path) as q:
-            lock = q.lock("job", ttl=TTL, renew_every=0.3)
+            lock = q.lock("job", ttl=TTL, renew_every=0.35)
             assert lock.acquire()
             watch = LossWatch(lock)
             deadline = watch.deadline()
@@ -112,13 +106,18 @@ class TestAtTheDeadline:
     ) -> None:
         path = str(tmp_path / "queen.db")
         with qs.Queen("sqlite://" + path) as q:
-            lock = q.lock("job", ttl=TTL, renew_every=0.3)
+            lock = q.lock("job", ttl=TTL, renew_every=0.35)
             assert lock.acquire()
             watch = LossWatch(lock)
             deadline = watch.deadline()
             holder = hold_write_lock(path, 2.5)
             done = threading.Event()
-            manual = threading.Thread(target=lambda: (lock.renew(), done.set()))
+
+            def renew_then_done() -> None:
+                lock.renew()
+                done.set()
+
+            manual = threading.Thread(target=renew_then_done)
             ticks = q.renewer.ticks
             try:
                 manual.start()
@@ -142,7 +141,12 @@ class TestAtTheDeadline:
             broker.faults.delay_next(seconds=2.5, route="locks")
             time.sleep(TTL / 3 + 0.2)  # the renew is in flight now
             released = threading.Event()
-            releaser = threading.Thread(target=lambda: (lock.release(), released.set()))
+
+            def release_then_done() -> None:
+                lock.release()
+                released.set()
+
+            releaser = threading.Thread(target=release_then_done)
             releaser.start()
             watch.assert_on_time(deadline, released)
             releaser.join(5)
@@ -210,7 +214,7 @@ class TestFailuresThatEndIt:
         self, sqlite_url: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         with qs.Queen(sqlite_url) as q:
-            lock = q.lock("job", ttl=0.6)
+            lock = q.lock("job", ttl=1, renew_every=0.35)
             assert lock.acquire()
             first = lock.token
             real = lock.renew_op

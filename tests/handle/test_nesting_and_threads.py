@@ -8,16 +8,8 @@ import time
 from typing import Any, Callable
 
 import pytest
-from manual_clock import ManualClock
 
 import queen_sync as qs
-
-
-@pytest.fixture
-def mq(sqlite_url: str, clock: ManualClock) -> Any:
-    client = qs.Queen(sqlite_url, clock=clock, renew_thread=False)
-    yield client
-    client.close()
 
 
 def held_on_engine(q: qs.Queen, name: str) -> bool:

@@ -7,7 +7,7 @@ control characters refused at the call.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,36 +15,39 @@ from hypothesis import strategies as st
 
 import queen_sync as qs
 from queen_sync._engines.base import Engine
+from queen_sync.testing import FaultyEngine
 
 NS = "app"
 
 
-def _sent_prefix_pages(q: qs.Queen) -> list[dict[str, Any]]:
-    """Record every getPrefix op the client sends (the real engine still answers)."""
-    sent: list[dict[str, Any]] = []
-    real = q.engine.call
+def _sent_prefix_pages(faults: FaultyEngine) -> list[Mapping[str, Any]]:
+    """Record every getPrefix op sent through ``faults`` (the real engine still answers)."""
+    sent: list[Mapping[str, Any]] = []
 
-    def spy(route: str, body: Any) -> dict[str, Any]:
+    def spy(route: str, body: Mapping[str, Any]) -> None:
         sent.extend(op for op in body.get("operations", []) if op.get("op") == "getPrefix")
-        return real(route, body)
 
-    q.engine.call = spy  # type: ignore[method-assign]
+    faults.hook_next(None, hook=spy)
     return sent
 
 
 class TestListAll:
-    def test_list_all_pages_by_limit_and_returns_every_row(self, q: qs.Queen) -> None:
+    def test_list_all_pages_by_limit_and_returns_every_row(
+            self, faulty_q: qs.Queen, faults: FaultyEngine) -> None:
+        q = faulty_q
         for i in range(7):
             q.kv.put(NS, f"p{i}", i, forever=True)
-        sent = _sent_prefix_pages(q)
+        sent = _sent_prefix_pages(faults)
         rows = q.kv.list_all(NS, "p", limit=3)
         assert [r["key"] for r in rows] == [f"p{i}" for i in range(7)], rows
         assert [op.get("limit") for op in sent] == [3, 3, 3], f"pages of 3 expected: {sent}"
 
-    def test_max_rows_stops_the_walk_at_that_many_rows(self, q: qs.Queen) -> None:
+    def test_max_rows_stops_the_walk_at_that_many_rows(
+            self, faulty_q: qs.Queen, faults: FaultyEngine) -> None:
+        q = faulty_q
         for i in range(7):
             q.kv.put(NS, f"p{i}", i, forever=True)
-        sent = _sent_prefix_pages(q)
+        sent = _sent_prefix_pages(faults)
         rows = q.kv.list_all(NS, "p", limit=3, max_rows=4)
         assert [r["key"] for r in rows] == ["p0", "p1", "p2", "p3"], rows
         assert len(sent) == 2, f"no page past the fourth row may be read: {sent}"
@@ -54,10 +57,10 @@ class TestListAll:
         ({"max_rows": 0}, ValueError), ({"max_rows": True}, TypeError),
     ])
     def test_a_bad_limit_or_max_rows_is_refused_before_asking(
-            self, q: qs.Queen, kwargs: Any, error: type) -> None:
-        sent = _sent_prefix_pages(q)
+            self, faulty_q: qs.Queen, faults: FaultyEngine, kwargs: Any, error: type) -> None:
+        sent = _sent_prefix_pages(faults)
         with pytest.raises(error):
-            q.kv.list_all(NS, "p", **kwargs)
+            faulty_q.kv.list_all(NS, "p", **kwargs)
         assert not sent, "nothing may be sent for a bad argument"
 
 

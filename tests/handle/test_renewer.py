@@ -11,30 +11,7 @@ import pytest
 from manual_clock import ManualClock
 
 import queen_sync as qs
-
-
-class Outage:
-    """Wraps a client's engine so a test can make calls fail like an unreachable engine."""
-
-    def __init__(self, q: qs.Queen) -> None:
-        self.down = False
-        self.calls: list[str] = []
-        self._real = q._engine.call
-        q._engine.call = self._call  # type: ignore[method-assign]
-
-    def _call(self, route: str, body: Any) -> Any:
-        self.calls.append(route)
-        if self.down:
-            raise qs.EngineUnavailableError("engine unreachable (simulated)")
-        return self._real(route, body)
-
-
-@pytest.fixture
-def mq(sqlite_url: str, clock: ManualClock) -> Any:
-    """A client on a manual clock whose renewer is driven by hand with ``tick()``."""
-    client = qs.Queen(sqlite_url, clock=clock, renew_thread=False)
-    yield client
-    client.close()
+from queen_sync.testing import FaultyEngine
 
 
 def lost_event(lock: qs.Lock) -> threading.Event:
@@ -49,6 +26,7 @@ class TestSchedule:
         lock = mq.lock("job", ttl=30)
         assert lock.acquire()
         first = lock.token
+        assert first is not None
         clock.advance(9.9)
         mq.renewer.tick()
         assert lock.token == first, "renewed too early"
@@ -91,13 +69,13 @@ class TestSchedule:
 
 class TestFailures:
     def test_a_failed_renew_is_retried_sooner_until_the_deadline_then_expired(
-        self, mq: qs.Queen, clock: ManualClock
+        self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine, clock: ManualClock
     ) -> None:
+        mq = faulty_mq
         lock = mq.lock("job", ttl=30)
         assert lock.acquire()
         seen = lost_event(lock)
-        outage = Outage(mq)
-        outage.down = True
+        sqlite_faults.fail_next(None)  # the engine is unreachable from now on
         clock.advance(10.01)
         delay = mq.renewer.tick()
         assert not lock.lost.is_set(), "could not ask is not a loss"
@@ -113,16 +91,16 @@ class TestFailures:
         assert seen.wait(2), "on_lost was not called"
         assert mq.metrics.snapshot()["counts"]["lost_expired"] == 1
 
-    def test_an_outage_shorter_than_the_lifetime_keeps_the_lease(self, mq: qs.Queen,
-                                                                  clock: ManualClock) -> None:
+    def test_an_outage_shorter_than_the_lifetime_keeps_the_lease(
+            self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine, clock: ManualClock) -> None:
+        mq = faulty_mq
         lock = mq.lock("job", ttl=30)
         assert lock.acquire()
-        outage = Outage(mq)
-        outage.down = True
+        sqlite_faults.fail_next(None)  # the engine is unreachable until clear()
         for _ in range(4):
             clock.advance(5)
             mq.renewer.tick()
-        outage.down = False
+        sqlite_faults.clear()
         clock.advance(1)
         mq.renewer.tick()
         assert lock.held and not lock.lost.is_set(), repr(lock)
@@ -173,7 +151,12 @@ class TestFailures:
         assert lock.acquire()
         where: list[threading.Thread] = []
         done = threading.Event()
-        lock.on_lost(lambda reason: (where.append(threading.current_thread()), done.set()))
+
+        def note_thread(reason: str) -> None:
+            where.append(threading.current_thread())
+            done.set()
+
+        lock.on_lost(note_thread)
         mq.kv.delete("queen-locks", "job#0")
         clock.advance(10.01)
         mq.renewer.tick()
@@ -208,7 +191,7 @@ class TestThread:
         self, sqlite_url: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         with qs.Queen(sqlite_url) as q:
-            lock = q.lock("job", ttl=0.6)
+            lock = q.lock("job", ttl=1, renew_every=0.35)
             assert lock.acquire()
             first = lock.token
             real = lock.renew_op

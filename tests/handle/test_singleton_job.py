@@ -15,19 +15,6 @@ from queen_sync import _default
 from queen_sync._front import singleton as _singleton
 
 
-@pytest.fixture
-def client(sqlite_url: str) -> Iterator[qs.Queen]:
-    with qs.Queen(sqlite_url) as q:
-        yield q
-
-
-@pytest.fixture
-def other(sqlite_url: str) -> Iterator[qs.Queen]:
-    """A second client on the same file: another process, as far as owners go."""
-    with qs.Queen(sqlite_url) as q:
-        yield q
-
-
 def _holders(q: qs.Queen, name: str) -> list[Any]:
     return list(q.locks.get(name).get("holders") or [])
 
@@ -205,29 +192,24 @@ class TestTheClientArgument:
 class TestLoss:
     """Loss is driven by hand: a manual clock and the renewer ticked by the test."""
 
-    @pytest.fixture
-    def manual(self, sqlite_url: str, clock: Any) -> Iterator[qs.Queen]:
-        with qs.Queen(sqlite_url, clock=clock, renew_thread=False) as q:
-            yield q
-
-    def _lose(self, manual: qs.Queen, other: qs.Queen, clock: Any) -> qs.Lock:
+    def _lose(self, mq: qs.Queen, other: qs.Queen, clock: Any) -> qs.Lock:
         lock = qs.current_lock()
         assert lock is not None and lock.token is not None
         assert other.locks.release(lock.name, token=lock.token)
         clock.advance(lock.renew_every + 0.1)
-        manual.renewer.tick()
+        mq.renewer.tick()
         return lock
 
-    def test_ignore_only_sets_lost_and_the_body_goes_on(self, manual: qs.Queen, other: qs.Queen,
+    def test_ignore_only_sets_lost_and_the_body_goes_on(self, mq: qs.Queen, other: qs.Queen,
                                                         clock: Any) -> None:
-        @qs.singleton_job("job", ttl="30s", on_lost="ignore", client=manual)
+        @qs.singleton_job("job", ttl="30s", on_lost="ignore", client=mq)
         def job() -> tuple[bool, str]:
-            lock = self._lose(manual, other, clock)
+            lock = self._lose(mq, other, clock)
             return lock.lost.is_set(), "finished"
 
         assert job() == (True, "finished"), "the body must run to its end"
 
-    def test_a_callable_is_called_with_the_lock(self, manual: qs.Queen, other: qs.Queen,
+    def test_a_callable_is_called_with_the_lock(self, mq: qs.Queen, other: qs.Queen,
                                                 clock: Any) -> None:
         called: list[qs.Lock] = []
         done = threading.Event()
@@ -236,9 +218,9 @@ class TestLoss:
             called.append(lock)
             done.set()
 
-        @qs.singleton_job("job", ttl="30s", on_lost=on_lost, client=manual)
+        @qs.singleton_job("job", ttl="30s", on_lost=on_lost, client=mq)
         def job() -> qs.Lock:
-            lock = self._lose(manual, other, clock)
+            lock = self._lose(mq, other, clock)
             assert done.wait(5), "the handler must be called"
             return lock
 
@@ -246,11 +228,11 @@ class TestLoss:
         assert called == [lock] and lock is not None and lock.lost_reason == "renew", called
 
     def test_interrupt_outside_the_main_thread_logs_and_sets_lost(
-            self, manual: qs.Queen, other: qs.Queen, clock: Any,
+            self, mq: qs.Queen, other: qs.Queen, clock: Any,
             caplog: pytest.LogCaptureFixture) -> None:
-        @qs.singleton_job("job", ttl="30s", client=manual)
+        @qs.singleton_job("job", ttl="30s", client=mq)
         def job() -> bool:
-            lock = self._lose(manual, other, clock)
+            lock = self._lose(mq, other, clock)
             deadline = time.monotonic() + 5
             while "cannot be interrupted" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -10,7 +10,6 @@ so a change to the module cannot quietly change what the broker sees.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import threading
@@ -20,48 +19,31 @@ from typing import Any, Iterator, Mapping
 import pytest
 
 import queen_sync as qs
-from queen_sync._engines import engine_from_url
-from queen_sync._engines.base import Engine, Waiter
 from queen_sync._front import supervision as _supervision
-from queen_sync.testing import LocalBroker
+from queen_sync.testing import FaultyEngine, LocalBroker
 
 NS = "queen-supervisor"
 HEAD_FORMAT = "queen.supervisor.remote-status/v1"
 SCHEMA = "queen.consumer.status/v1"
 
 
-class CountingEngine(Engine):
-    """Passes every call to a real engine and remembers the route and op of each."""
+class CallLog:
+    """The route and op names of every call made through a FaultyEngine, in order."""
 
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.kind = inner.kind
-        self.capabilities = inner.capabilities
+    def __init__(self, engine: FaultyEngine) -> None:
         self.calls: list[tuple[str, list[str]]] = []
+        engine.hook_next(None, hook=self._note)
 
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _note(self, route: str, body: Mapping[str, Any]) -> None:
         ops = [op.get("op", "?") for op in body.get("operations", body.get("kv", []))]
         self.calls.append((route, ops))
-        return self.inner.call(route, body)
-
-    @contextlib.contextmanager
-    def subscribe(self, name: str) -> Iterator[Waiter]:
-        with self.inner.subscribe(name) as waiter:
-            yield waiter
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture
-def counted(sqlite_url: str) -> Iterator[tuple[qs.Queen, CountingEngine]]:
-    engine = CountingEngine(engine_from_url(sqlite_url, {}))
-    with qs.Queen(engine=engine) as q:
-        yield q, engine
+def counted(sqlite_faults: FaultyEngine) -> Iterator[tuple[qs.Queen, CallLog]]:
+    log = CallLog(sqlite_faults)
+    with qs.Queen(engine=sqlite_faults) as q:
+        yield q, log
 
 
 def read_statuses(q: qs.Queen, group: str) -> dict[str, dict[str, Any]]:
@@ -98,7 +80,7 @@ def _wait_for(predicate: Any, seconds: float = 5.0) -> None:
 
 class TestOff:
     def test_without_supervision_there_is_no_extra_thread_and_no_kv_traffic(
-            self, counted: tuple[qs.Queen, CountingEngine]) -> None:
+            self, counted: tuple[qs.Queen, CallLog]) -> None:
         q, engine = counted
         seen: list[set[str]] = []
 
@@ -174,7 +156,7 @@ class TestTheBrokersContract:
 
 class TestCounting:
     def test_runs_are_counted_on_one_instance_and_a_failed_run_as_failed(
-            self, counted: tuple[qs.Queen, CountingEngine]) -> None:
+            self, counted: tuple[qs.Queen, CallLog]) -> None:
         q, _ = counted
         fail = [False, True]
 
@@ -192,7 +174,7 @@ class TestCounting:
         assert doc["state"] == "stopped" and pool["running"] == 0, doc
 
     def test_the_status_is_published_again_every_period_in_one_batch(
-            self, counted: tuple[qs.Queen, CountingEngine],
+            self, counted: tuple[qs.Queen, CallLog],
             monkeypatch: pytest.MonkeyPatch) -> None:
         q, engine = counted
         monkeypatch.setattr(_supervision, "PUBLISH_EVERY", 0.05)
@@ -217,7 +199,7 @@ class TestGroupNames:
 
     def test_a_group_that_is_not_text_is_a_type_error(self) -> None:
         with pytest.raises(TypeError, match="supervision"):
-            qs.singleton_job("job", supervision=5)  # type: ignore[arg-type]
+            qs.singleton_job("job", supervision=5)  # type: ignore[call-overload]  # the point
 
     @pytest.mark.parametrize("group", ["a", "Billing-prod.eu_1", "9" + "x" * 254,
                                        "coordination2"])
@@ -227,7 +209,7 @@ class TestGroupNames:
 
 class TestFailures:
     def test_a_failing_engine_never_reaches_the_job_and_is_logged_once(
-            self, counted: tuple[qs.Queen, CountingEngine], monkeypatch: pytest.MonkeyPatch,
+            self, counted: tuple[qs.Queen, CallLog], monkeypatch: pytest.MonkeyPatch,
             caplog: pytest.LogCaptureFixture) -> None:
         q, _ = counted
         monkeypatch.setattr(_supervision, "PUBLISH_EVERY", 0.02)
@@ -266,7 +248,7 @@ class TestFailures:
         assert took < 2.6, f"the job waited {took:.2f} s for its status writes"
 
     def test_a_write_still_in_flight_is_never_overtaken_by_the_next(
-            self, counted: tuple[qs.Queen, CountingEngine], monkeypatch: pytest.MonkeyPatch,
+            self, counted: tuple[qs.Queen, CallLog], monkeypatch: pytest.MonkeyPatch,
             caplog: pytest.LogCaptureFixture) -> None:
         q, _ = counted
         monkeypatch.setattr(_supervision, "DEADLINE", 0.05)

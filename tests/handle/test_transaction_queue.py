@@ -12,7 +12,7 @@ import base64
 import json
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pytest
 from engine_factories import ENGINE_FACTORIES
@@ -21,40 +21,39 @@ from hypothesis import strategies as st
 
 import queen_sync as qs
 from queen_sync._engines.http import encode_body
-from queen_sync.testing import FakeBroker, LocalBroker
+from queen_sync.testing import FakeBroker, FaultyEngine, LocalBroker
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeBroker]:
-    with FakeBroker() as broker:
-        yield broker
-
-
-@pytest.fixture
 def fq(fake: FakeBroker) -> Iterator[qs.Queen]:
-    with fake.client(renew_thread=False) as client:
+    """A client of ``fake`` (quick to give up, as ``fake.client()``) over a FaultyEngine."""
+    engine = FaultyEngine(fake.url, timeout=(1.0, 2.0), backoff=0.01)
+    with qs.Queen(engine=engine, renew_thread=False) as client:
         yield client
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def embedded(request: pytest.FixtureRequest) -> Iterator[qs.Queen]:
-    with qs.Queen(ENGINE_FACTORIES[request.param](request), renew_thread=False) as client:
+    engine = FaultyEngine(ENGINE_FACTORIES[request.param](request))
+    with qs.Queen(engine=engine, renew_thread=False) as client:
         yield client
 
 
+def faults_of(q: qs.Queen) -> FaultyEngine:
+    assert isinstance(q.engine, FaultyEngine), "the fixture builds the client over one"
+    return q.engine
+
+
 def capture(q: qs.Queen) -> list[dict[str, Any]]:
-    """Every transaction body ``q`` sends from now on (the engine's call is wrapped)."""
+    """Every transaction body ``q`` sends from now on (as JSON carries it)."""
     sent: list[dict[str, Any]] = []
-    real_call = q.engine.call
 
-    def recording(route: str, body: Any) -> Any:
-        if route == "transaction":
-            sent.append(json.loads(json.dumps(body)))
-        return real_call(route, body)
+    def recording(route: str, body: Mapping[str, Any]) -> None:
+        sent.append(json.loads(json.dumps(body)))
 
-    q.engine.call = recording  # type: ignore[method-assign]
+    faults_of(q).hook_next(None, hook=recording, route="transaction")
     return sent
 
 
@@ -199,17 +198,14 @@ class TestTheFlatIndex:
     ) -> None:
         lock = fq.lock("job", ttl=30, auto_renew=False)
         assert lock.acquire()
-        real_call = fq.engine.call
         expects: list[int] = []
 
-        def renew_first(route: str, body: Any) -> Any:
-            if route == "transaction" and not expects:
+        def renew_first(route: str, body: Mapping[str, Any]) -> None:
+            if not expects:
                 assert lock.renew(), "the renew underneath must succeed"
-            if route == "transaction":
-                expects.append(body["kv"][0]["expect"])
-            return real_call(route, body)
+            expects.append(body["kv"][0]["expect"])
 
-        fq.engine.call = renew_first  # type: ignore[method-assign]
+        faults_of(fq).hook_next(None, hook=renew_first, route="transaction")
         answer = fq.transaction().guard(lock).queue("reports").push([{"data": 1},
                                                                      {"data": 2}]).commit()
         assert answer, f"the bundle must commit on the renewed token: {answer}"

@@ -8,18 +8,20 @@ work resumes.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 from manual_clock import ManualClock
 from polling import wait_for
 
 import queen_sync as qs
+from queen_sync.testing import FaultyEngine
 
 
 @pytest.fixture
-def mq(engine_url: str, clock: ManualClock) -> Iterator[qs.Queen]:
-    client = qs.Queen(engine_url, clock=clock, renew_thread=False)
+def mq(faults: FaultyEngine, clock: ManualClock) -> Iterator[qs.Queen]:
+    """A client of every engine on the manual clock, whose calls go through ``faults``."""
+    client = qs.Queen(engine=faults, clock=clock, renew_thread=False)
     yield client
     client.close()
 
@@ -32,35 +34,15 @@ def other(engine_url: str) -> Iterator[qs.Queen]:
     client.close()
 
 
-class Faults:
-    """Wraps a client's engine: counts lock calls; while ``failing``, they raise unsent."""
-
-    def __init__(self, q: qs.Queen) -> None:
-        self.failing = False
-        self.lock_calls = 0
-        self.lose_answers = 0  # the next n lock calls apply, then their answer is lost
-        self._real = q.engine.call
-        q.engine.call = self._call  # type: ignore[method-assign]
-
-    def _call(self, route: str, body: Any) -> Any:
-        if route == "locks":
-            self.lock_calls += 1
-            if self.failing:
-                raise qs.EngineUnavailableError("the engine cannot be reached (simulated)")
-        answer = self._real(route, body)
-        if route == "locks" and self.lose_answers > 0:
-            self.lose_answers -= 1
-            raise qs.EngineUnavailableError("the answer was lost on the way back (simulated)")
-        return answer
-
-
 class TestVerify:
-    def test_a_permit_still_this_handles_verifies_in_one_read(self, mq: qs.Queen) -> None:
+    def test_a_permit_still_this_handles_verifies_in_one_read(
+            self, mq: qs.Queen, faults: FaultyEngine) -> None:
         lock = mq.semaphore("pool", 3, ttl=30)
         assert mq.semaphore("pool", 3, ttl=30).acquire() and lock.acquire()
-        faults = Faults(mq)
+        before = faults.sent["locks"]
         assert lock.verify(), "the engine has the permit at this owner and token"
-        assert faults.lock_calls == 1, f"one durable read, not {faults.lock_calls}"
+        reads = faults.sent["locks"] - before
+        assert reads == 1, f"one durable read, not {reads}"
         assert lock.held and not lock.lost.is_set(), repr(lock)
 
     def test_a_permit_taken_away_and_retaken_by_someone_else_fails_and_is_lost(
@@ -93,41 +75,39 @@ class TestVerify:
         assert lock.lost_reason == "guard", repr(lock)
 
     def test_a_handle_that_holds_nothing_answers_false_without_asking(
-            self, mq: qs.Queen, clock: ManualClock) -> None:
+            self, mq: qs.Queen, faults: FaultyEngine, clock: ManualClock) -> None:
         lock = mq.lock("job", ttl=30)
-        faults = Faults(mq)
         assert not lock.verify(), "never acquired"
         assert lock.acquire()
         clock.advance(31)  # past the local deadline, no renew
-        calls = faults.lock_calls
+        calls = faults.sent["locks"]
         assert not lock.verify(), "past the local deadline it is not held"
-        assert faults.lock_calls == calls, "nothing to verify: nothing may be sent"
+        assert faults.sent["locks"] == calls, "nothing to verify: nothing may be sent"
 
     def test_an_engine_that_cannot_be_asked_leaves_the_local_belief_and_logs(
-            self, mq: qs.Queen, clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+            self, mq: qs.Queen, faults: FaultyEngine, clock: ManualClock,
+            caplog: pytest.LogCaptureFixture) -> None:
         lock = mq.lock("job", ttl=30)
         assert lock.acquire()
-        faults = Faults(mq)
-        faults.failing = True
+        faults.fail_next(None, route="locks")  # unreachable, unsent, until clear()
         with caplog.at_level(logging.WARNING, logger="queen_sync"):
             assert lock.verify(), "held locally, and the engine could not say otherwise"
         assert not lock.lost.is_set(), "a failed read is not a loss"
         assert any("verify" in r.getMessage() and "job" in r.getMessage()
                    for r in caplog.records), [r.getMessage() for r in caplog.records]
-        faults.failing = False
+        faults.clear()
         assert lock.verify(), "once the engine answers again, the permit checks out"
 
     def test_after_a_renew_whose_answer_was_lost_the_handle_verifies_and_guards(
-            self, mq: qs.Queen) -> None:
+            self, mq: qs.Queen, faults: FaultyEngine) -> None:
         lock = mq.lock("job", ttl=30, auto_renew=False)
         assert lock.acquire()
         before = lock.token
-        faults = Faults(mq)
-        faults.lose_answers = 1
+        faults.fail_next(route="locks", applied=True)  # applied, then its answer is lost
         with pytest.raises(qs.EngineUnavailableError):
             lock.renew()  # applied: the row moved to a token this handle never saw
         row = mq.locks.get("job")["holders"][0]
-        assert row["owner"] == lock.owner and row["token"] > before, row  # type: ignore[operator]
+        assert row["owner"] == lock.owner and row["token"] > before, row
         assert lock.verify(), "the row is this handle's own, at its own unseen renewal"
         assert lock.token == row["token"], "the handle now carries the row's token"
         answer = mq.transaction().guard(lock).kv.put("app", "k", 1, forever=True).commit()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -122,7 +123,7 @@ class TestTheCheckerFindsEachViolation:
     def test_a_section_left_without_its_exit_record_ends_where_its_thread_entered_the_next(
         self,
     ) -> None:
-        records = [
+        records: list[dict[str, Any]] = [
             {"k": "enter", "sec": "w1/7/3/1", "w": "w1", "name": "n", "token": None, "t": 1.0,
              "pid": 7},
             {"k": "enter", "sec": "w1/7/3/2", "w": "w1", "name": "n", "token": 5, "t": 2.0,

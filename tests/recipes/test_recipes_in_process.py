@@ -40,11 +40,11 @@ class TestBadArgumentsAreRefusedBeforeAnyIo:
     def test_each_recipe_raises_a_typed_error_at_the_call(self, sqlite_url: str,
                                                           tmp_path: Path) -> None:
         with qs.Queen(sqlite_url) as q:
-            calls = [
+            calls: list[tuple[type[Exception], Callable[[], object]]] = [
                 (TypeError, lambda: LeaderElection(q, "x", ttl=True)),
                 (ValueError, lambda: LeaderElection(q, "x", ttl="soon")),
                 (ValueError, lambda: LeaderElection(q, "a#b", ttl=1)),
-                (TypeError, lambda: LeaderElection(q, "x", ttl=1, on_elected=3)),  # type: ignore[arg-type]
+                (TypeError, lambda: LeaderElection(q, "x", ttl=1, on_elected=3)),  # type: ignore[call-overload]
                 (ValueError, lambda: FencedExport(q, "x", FencedKv(q, "ns"), ttl=-1)),
                 (TypeError, lambda: FencedDirectory(tmp_path).write("a", b"", token="7")),  # type: ignore[arg-type]
                 (ValueError, lambda: FencedDirectory(tmp_path).write("../a", b"", token=1)),

@@ -33,9 +33,9 @@ import threading
 from typing import Any, Iterator, Mapping, Optional
 
 from ..._errors import LockLostError, QueenError, RequestError
-from ..._ops import LOCKS_NS, check_lock_op, permit_key
+from ..._ops import LOCKS_NS, permit_key
 from ..base import Capabilities, Engine, Waiter, parse_timeout
-from ..embedded import EmbeddedSemantics
+from ..embedded import CheckedLockOps, EmbeddedSemantics, checked_lock_ops
 
 try:
     import psycopg
@@ -149,14 +149,14 @@ class PostgresEngine(Engine):
         Should a chunk fail, those before it stay applied, and resending the body by the
         same owner answers the same permits (a resent acquire or renew is safe).
         """
-        for op in ops:
-            check_lock_op(op)
+        checked = checked_lock_ops(ops)
         results: list[Any] = []
         parts = EmbeddedSemantics(PartsOfOneBody(self.storage, len(ops)))
-        for start in range(0, len(ops), LOCKS_PER_TRANSACTION):
-            chunk = {"operations": ops[start:start + LOCKS_PER_TRANSACTION]}
+        chunks = [checked.part(start, start + LOCKS_PER_TRANSACTION)
+                  for start in range(0, len(ops), LOCKS_PER_TRANSACTION)]
+        for chunk in chunks:
             try:
-                results += self._call_once("locks", chunk, parts)["results"]
+                results += self._locks_part(chunk, parts)
             except QueenError as exc:
                 exc.args = (f"{exc}; {len(results)} of {len(ops)} operations were applied "
                             "before it (the rest were not, unless the error says the "
@@ -164,6 +164,13 @@ class PostgresEngine(Engine):
                             "is safe",)
                 raise
         return {"results": results}
+
+    def _locks_part(self, chunk: CheckedLockOps, parts: EmbeddedSemantics) -> list[Any]:
+        try:
+            results: list[Any] = parts.locks(chunk)["results"]
+            return results
+        except psycopg.Error as exc:  # the storage translates; this catches any it missed
+            raise translate(exc, self._url, self._secrets) from exc
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:

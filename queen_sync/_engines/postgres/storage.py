@@ -1,7 +1,8 @@
 """PostgreSQL storage for the embedded semantics: one schema, one transaction per body.
 
 A body is one transaction: in two round trips (see ``txn``), or in one when it
-only reads permits the client remembers and deletes (see ``one_trip``). What to
+only reads permits the client remembers and deletes (see ``one_trip``), or is one
+acquire, renew or get that a single statement answers (see ``scripted``). What to
 lock and prefetch comes from the body's ``Footprint``, which the semantics hand
 over. A connection lost before COMMIT was sent means nothing committed, so the
 body runs once more on a fresh connection; one lost during COMMIT leaves the
@@ -25,6 +26,8 @@ from .errors import CAUGHT_DRIVER_ERRORS as CAUGHT_DRIVER_ERRORS
 from .errors import detail_of, translate
 from .one_trip import GuardedTxn, SeenRows
 from .pool import PgPool, Sessions, lost
+from .renew_batch import RenewedTxn, batch_of_renews
+from .scripted import NotScripted, ScriptedTxn, scriptable
 from .sql import CLOCK, Statements
 from .txn import PgTxn, entities_of
 
@@ -37,7 +40,7 @@ _CONFLICT_RETRIES = 5
 # Lost races that running the body again resolves.
 _CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected,
               psycopg.errors.SerializationFailure, psycopg.errors.DivisionByZero)
-Txn = Union[PgTxn, GuardedTxn]
+Txn = Union[PgTxn, GuardedTxn, ScriptedTxn, RenewedTxn]
 
 
 class Conflict(Exception):
@@ -64,6 +67,8 @@ class Call:
         self.operations = whole[1] if whole else footprint.operations  # as the caller sent
         self.reconnected = False
         self.guarded = False  # one attempt at most runs as a GuardedTxn
+        self.scripted = False  # and one as a ScriptedTxn
+        self.in_script = False  # a writing ScriptedTxn's statement (it commits as it runs) is out
         self.watch: Optional[Watch] = None  # the connection the current attempt runs on
 
     def overran(self) -> bool:
@@ -197,8 +202,9 @@ class PostgresStorage:
         try:
             cur = conn.cursor()
             with self._body_failures(call, conn, box):
-                box.append(self._guarded(call, conn) or PgTxn(cur, self.sql, call.entities,
-                                                              call.footprint))
+                box.append(self._guarded(call, conn) or self._scripted(call, conn, cur)
+                           or self._renewed(call, conn, cur)
+                           or PgTxn(cur, self.sql, call.entities, call.footprint))
                 answer = work(box[0])
             self._commit(call, conn, cur, box[0])
         except BaseException:
@@ -208,7 +214,7 @@ class PostgresStorage:
         finally:
             self.sessions.checkin(conn, pool, watch)
         self._seen.remember(box[0].rows())
-        if isinstance(box[0], PgTxn):
+        if isinstance(box[0], (PgTxn, ScriptedTxn, RenewedTxn)):
             self._seen.saw_clock(box[0].clock)
         self._commits += 1
         if self._commits % _SWEEP_EVERY == 0:
@@ -229,6 +235,28 @@ class PostgresStorage:
         call.guarded = True
         return GuardedTxn(self.sql, call.entities, self._seen, now)
 
+    def _scripted(self, call: Call, conn: psycopg.Connection[Any],
+                  cur: psycopg.Cursor[Any]) -> Optional[ScriptedTxn]:
+        """A one-statement transaction, for a lone acquire, renew or get on its first attempt."""
+        if call.scripted or not scriptable(call.footprint.lone_lock_op) or _has_input(conn):
+            return None
+        op = call.footprint.lone_lock_op
+        assert op is not None  # scriptable() said so
+        call.scripted, call.in_script = True, op["op"] != "get"  # a get writes nothing
+        txn = ScriptedTxn(cur, self.sql, op)
+        call.in_script = False
+        return txn
+
+    def _renewed(self, call: Call, conn: psycopg.Connection[Any],
+                 cur: psycopg.Cursor[Any]) -> Optional[RenewedTxn]:
+        """A one-statement transaction, for a body of renews on its first attempt."""
+        if call.scripted or not batch_of_renews(call.footprint.lock_ops) or _has_input(conn):
+            return None
+        call.scripted, call.in_script = True, True
+        txn = RenewedTxn(cur, self.sql, call.footprint.lock_ops)
+        call.in_script = False
+        return txn
+
     @contextlib.contextmanager
     def _body_failures(self, call: Call, conn: psycopg.Connection[Any],
                        box: list[Txn]) -> Iterator[None]:
@@ -240,6 +268,12 @@ class PostgresStorage:
                 # Whatever a body on remembered rows concluded short of its guards (a
                 # rollback's answer, an error) is unchecked: the two-trip path decides.
                 raise Conflict(f"runs again on the two-trip path: {exc!r}") from exc
+            if isinstance(exc, NotScripted):
+                raise Conflict(f"runs again on the two-trip path: {exc}") from exc
+            made = box[0] if box and isinstance(box[0], (ScriptedTxn, RenewedTxn)) else None
+            if made is not None and made.wrote and not isinstance(
+                    exc, (EngineError, psycopg.Error)):
+                raise made.disagree(f"raised {exc!r}") from exc
             if not isinstance(exc, psycopg.Error):
                 raise
             raise self._before_commit(call, conn, box, exc) from exc
@@ -248,7 +282,9 @@ class PostgresStorage:
                        exc: psycopg.Error) -> Exception:
         """What a driver error raised before COMMIT becomes: a new attempt, or an error."""
         if call.overran():
-            return call.overrun_error()
+            # Resending an owned acquire is safe, but a deadline leaves no time to.
+            return call.overrun_error(" while its one-statement transaction ran, so whether "
+                                      "the call took effect is unknown" if call.in_script else "")
         if isinstance(exc, _CONFLICTS):
             if box:  # the next attempt locks up front what this one had to lock on the way
                 call.entities |= box[0].unplanned
@@ -266,6 +302,8 @@ class PostgresStorage:
                 txn: Txn) -> None:
         """Send the pending writes and COMMIT in one script; a lost connection is ambiguous."""
         script = txn.commit_script()
+        if not script:
+            return  # it committed as it ran
         try:
             cur.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
         except psycopg.Error as exc:

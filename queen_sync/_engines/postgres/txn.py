@@ -29,8 +29,16 @@ from typing import Any, Iterable, Optional, Sequence
 import psycopg
 
 from ..._ops import LOCKS_NS, split_permit_key
-from ..storage import Footprint, Row
-from .sql import ASYNC_COMMIT, FETCH_ONE_BY_ONE, Statement, Statements, signed32
+from ..storage import Footprint, Row, prefix_end
+from .sql import (
+    ASYNC_COMMIT,
+    FETCH_ONE_BY_ONE,
+    UPDATES_PER_STATEMENT,
+    Statement,
+    Statements,
+    array_literal,
+    signed32,
+)
 
 
 def entity_key(entity: str) -> int:
@@ -52,24 +60,39 @@ def entities_of(footprint: Footprint) -> set[str]:
         entity_of(ns, key) for ns, key in footprint.keys}
 
 
-def _prefix_end(prefix: str) -> Optional[str]:
-    """The least string above every string starting with ``prefix`` (code point order)."""
-    chars = list(prefix)
-    while chars:
-        last = ord(chars.pop()) + 1
-        if last == 0xD800:
-            last = 0xE000  # surrogates cannot be stored in text
-        if last <= 0x10FFFF:
-            return "".join(chars) + chr(last)
-    return None
-
-
 def lock_statements(sql: Statements, entities: Iterable[str]) -> list[Statement]:
     """Transaction-scoped locks on these entities, in the one fixed order every body uses."""
     keys = sorted({entity_key(e) for e in entities})
     if len(keys) > FETCH_ONE_BY_ONE:
-        return [(sql.lock_many, (sql.lock_class, keys))]  # one statement, not one per entity
+        # One statement, not one per entity.
+        return [(sql.lock_many, (sql.lock_class, array_literal(keys)))]
     return [(sql.lock, (sql.lock_class, key)) for key in keys]
+
+
+def coalesced(sql: Statements, statements: Sequence[Statement]) -> list[Statement]:
+    """``statements`` with each run of single-row UPDATEs sent as one statement over arrays.
+
+    A renewal pass updates hundreds of rows in a transaction: one statement per row would
+    have the server plan, and the client quote, each of them. The rows of one run are
+    distinct, so the order among them is immaterial; a row updated again starts a new run.
+    """
+    out: list[Statement] = []
+    run: dict[tuple[Any, Any], Sequence[Any]] = {}
+    for query, params in statements:
+        if query == sql.update and (params[0], params[1]) not in run and (
+                len(run) < UPDATES_PER_STATEMENT):
+            run[(params[0], params[1])] = params
+            continue
+        if run:
+            out.append(sql.updates(list(run.values())))
+            run = {}
+        if query == sql.update:
+            run[(params[0], params[1])] = params
+        else:
+            out.append((query, params))
+    if run:
+        out.append(sql.updates(list(run.values())))
+    return out
 
 
 def notify_statement(sql: Statements, name: str) -> Statement:
@@ -144,7 +167,7 @@ class PgTxn:
 
     def _ask(self, entity: Optional[str], query: Statement) -> list[Any]:
         """Pending writes, the lock on ``entity`` if not yet held, then ``query``: one trip."""
-        script, self._pending = self._pending, []
+        script, self._pending = coalesced(self._sql, self._pending), []
         if entity is not None and entity not in self._held:
             script += lock_statements(self._sql, [entity])
             self._held.add(entity)
@@ -176,7 +199,7 @@ class PgTxn:
         entity = entity_of(ns, prefix + "0") if ns == LOCKS_NS and prefix.endswith("#") else None
         if entity is not None and entity in self._complete:
             return self._cached_prefix(prefix, after or "", limit, now_ms)
-        end = _prefix_end(prefix)
+        end = prefix_end(prefix)
         query: Statement = (
             (self._sql.read_prefix, (ns, prefix, end, after or "", now_ms, limit)) if end else
             (self._sql.read_prefix_unbounded, (ns, prefix, after or "", prefix, now_ms, limit)))
@@ -198,12 +221,17 @@ class PgTxn:
         self._pending.extend(statements)
 
     def write(self, row: Row) -> None:
-        values: tuple[Any, ...] = (_dump(row.value), row.version, row.expires_at,
-                                   row.created_at, row.updated_at, row.prev_version)
+        known = self._rows.get((row.ns, row.key))
+        live = known is not None and known.live_at(self._now)
+        # An update that keeps the very value object (a renewal) sends NULL: encoding it
+        # costs more. Identity, not equality: 1 == True == 1.0, yet JSON tells them apart.
+        kept = live and known is not None and known.value is row.value
+        values: tuple[Any, ...] = (None if kept else _dump(row.value), row.version,
+                                   row.expires_at, row.created_at, row.updated_at,
+                                   row.prev_version)
         statements: list[Statement]
         entity = entity_of(row.ns, row.key)
-        known = self._rows.get((row.ns, row.key))
-        if known is not None and known.live_at(self._now):
+        if live:
             statements = [(self._sql.update, (row.ns, row.key, *values))]
         elif known is None and ((row.ns, row.key) in self._rows or entity in self._complete):
             statements = [(self._sql.insert, (row.ns, row.key, *values))]  # known to be absent
@@ -234,5 +262,5 @@ class PgTxn:
 
     def commit_script(self) -> list[Statement]:
         """What is left to send: the pending writes, then COMMIT."""
-        script, self._pending = self._pending, []
+        script, self._pending = coalesced(self._sql, self._pending), []
         return [*script, ("COMMIT", ())]

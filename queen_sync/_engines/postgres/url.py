@@ -8,6 +8,7 @@ exactly what libpq sends as the password.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional
 from urllib.parse import unquote
@@ -16,7 +17,7 @@ import psycopg
 import psycopg.conninfo
 
 from ..._errors import RequestError
-from ..base import redact_url, split_userinfo
+from ..base import redact_url, redact_url_for_error, split_userinfo
 from .errors import detail_of
 
 DEFAULT_SCHEMA = "queen_sync"
@@ -24,6 +25,9 @@ _OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
 _MISREAD = ("the PostgreSQL URL's address would be misread (the URL is not shown, as it may "
             "hold a password): write '@' as %40 and '/' as %2F in a user name, password or "
             "database name")
+_CUT_QUERY = ("a field after the password in the PostgreSQL URL's query is no libpq option (it "
+              "is not shown, as it may be part of the password): write '&' as %26 and '=' as "
+              "%3D in a password")
 
 
 def public_url(url: str) -> str:
@@ -39,7 +43,7 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
     """
     prefix, userinfo, at, rest = split_userinfo(url)
     if prefix.lower() not in ("postgresql://", "postgres://"):
-        raise RequestError(f"not a PostgreSQL URL: {public_url(url)}", code="bad_url")
+        raise RequestError(f"not a PostgreSQL URL: {redact_url_for_error(url)}", code="bad_url")
     address, _, query = rest.partition("?")
     fields = [field for field in query.split("&") if field]
     _refuse_a_misread_password(at, address, fields)
@@ -56,27 +60,45 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 def _refuse_a_misread_password(at: str, address: str, fields: list[str]) -> None:
-    """Refuse a URL whose ``@`` or ``/`` inside a password would make libpq misread it.
+    """Refuse a URL whose password libpq could cut short, naming no part of it.
 
-    libpq would quote the misread pieces (a "host", a "port", a query "key") in its
-    error, and they are pieces of the password.
+    libpq ends a password at its first ``@`` (or, when a ``/`` comes first, reads the
+    password as a port), and a query password at its first ``&``; the pieces after the
+    cut become a host, a port or a query key, which its errors and our address quote.
     """
-    if "@" in address:  # the password (or a user name) held an '@' of its own, or a '/'
+    in_query = [field for field in fields if "@" in field]
+    if "@" in address or (at and in_query):  # a second '@': which one ends the password?
         raise RequestError(_MISREAD, code="bad_url")
-    if at or not any("@" in field for field in fields):
-        return
+    if in_query and (_may_hold_a_password(address)  # a '/' in it cut the userinfo short
+                     or any("@" in field.partition("=")[0] for field in in_query)):
+        raise RequestError(_MISREAD, code="bad_url")
+    _refuse_a_cut_query_password(fields)
+
+
+def _may_hold_a_password(address: str) -> bool:
+    """Whether a ``:`` before the first ``/`` could start a password (an IPv6 host aside)."""
     hosts = address.partition("/")[0]
-    if any("@" in field.partition("=")[0] for field in fields) or not _ports_are_numbers(hosts):
-        raise RequestError(_MISREAD, code="bad_url")
+    return ":" in (hosts.partition("]")[2] if hosts.startswith("[") else hosts)
 
 
-def _ports_are_numbers(hosts: str) -> bool:
-    for host in hosts.split(","):
-        port = host.rpartition("]")[2] if host.startswith("[") else host
-        digits = port.partition(":")[2]
-        if digits and not digits.isdigit():
-            return False
-    return True
+def _refuse_a_cut_query_password(fields: list[str]) -> None:
+    """Refuse a field after a query password that libpq would reject (and quote).
+
+    Such a field is most likely the rest of a password holding ``&``; a field libpq
+    accepts is taken as libpq takes it, an option of its own.
+    """
+    after_a_password = False
+    for field in fields:
+        key, equals, value = field.partition("=")
+        if after_a_password and (not equals or "=" in value
+                                 or unquote(key) not in _libpq_keywords() | _OWN_QUERY):
+            raise RequestError(_CUT_QUERY, code="bad_url")
+        after_a_password |= unquote(key) in ("password", "sslpassword")
+
+
+@functools.lru_cache(maxsize=1)
+def _libpq_keywords() -> frozenset[str]:
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
 
 
 def engine_url(libpq_url: str, schema: str) -> str:

@@ -1,0 +1,163 @@
+"""A transaction of renews (a renewer's tick) answered in ONE round trip, checked by the semantics.
+
+When every op of a body is a renew naming its slot and owner, each on a name of its
+own, one statement (``scripted_sql``'s ``renew_many``) applies the renew rule to all
+of them, sent with the names' advisory locks (sorted, one statement) as one implicit
+transaction that commits when it ends. It returns every row of the names as they
+stood before it, and the token it wrote to each row it renewed.
+
+As for a lone renew (``scripted``), the semantics then run on those rows and must
+arrive at exactly the writes the statement made: a renew it refused is answered
+from the rows read, a renew it made must be the one the semantics make, in order.
+Anything else is a bug in one of the two copies of the rule and raises loudly.
+Resending the body after a lost connection is safe: each renew names its owner, and
+the token it presented still renews for its owner (it is the row's floor).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import psycopg
+
+from ..._errors import EngineError
+from ..._ops import LOCKS_NS, permit_key
+from ..storage import Row
+from .scripted import NotScripted
+from .sql import Statements, array_literal
+from .txn import entity_of, lock_statements
+
+
+def batch_of_renews(ops: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether one statement may answer these ops: two or more renews, each naming its
+    slot and owner, with a lifetime, on names no other op of the body names."""
+    return len(ops) > 1 and all(
+        op["op"] == "renew" and "slot" in op and op.get("owner") and "ttlSeconds" in op
+        and not op.get("forever") for op in ops) and len({op["name"] for op in ops}) == len(ops)
+
+
+def _row(record: Sequence[Any]) -> Row:
+    ns, key, value, version, expires_at, created_at, updated_at, prev = record
+    return Row(ns, key, value, version, expires_at, created_at, updated_at, prev)
+
+
+class RenewedTxn:
+    """``StorageTxn`` answered from what one statement read and wrote, already committed.
+
+    Args:
+        cur: a cursor on the attempt's connection (no transaction open).
+        sql: the schema's statements.
+        ops: the body's renews (``batch_of_renews``).
+    """
+
+    def __init__(self, cur: psycopg.Cursor[Any], sql: Statements,
+                 ops: Sequence[Mapping[str, Any]]) -> None:
+        self.unplanned: set[str] = set()
+        self._names = {op["name"] for op in ops}
+        self._slot_keys = {permit_key(op["name"], op["slot"]) for op in ops}  # what renews read
+        sent = time.monotonic()
+        records = self._send(cur, sql, ops)
+        self._now = int(records[0][0])
+        self.clock = (self._now, sent)  # the database's clock, and when it was asked
+        self._rows: dict[tuple[str, str], Optional[Row]] = {}
+        self._by_name: dict[str, list[Row]] = {name: [] for name in self._names}
+        tokens: dict[str, int] = {}
+        for record in records:
+            if record[3] is None:
+                continue  # the header of a statement that read no rows
+            row = _row(record[4:])
+            self._rows[(row.ns, row.key)] = row
+            self._by_name[record[3]].append(row)
+            if record[1] is not None:
+                tokens[record[1]] = int(record[2])
+        self._made = {op_key: self._written(op, tokens[op_key]) for op in ops
+                      if (op_key := permit_key(op["name"], op["slot"])) in tokens}
+        self._next: Optional[Row] = None  # the made row the semantics are about to write
+        self._written_keys: set[str] = set()
+
+    @staticmethod
+    def _send(cur: psycopg.Cursor[Any], sql: Statements,
+              ops: Sequence[Mapping[str, Any]]) -> list[Any]:
+        locks = lock_statements(sql, ["L" + op["name"] for op in ops])
+        columns = (array_literal(op["name"] for op in ops),
+                   array_literal(permit_key(op["name"], op["slot"]) for op in ops),
+                   array_literal(op["token"] for op in ops),
+                   array_literal(op["owner"] for op in ops),
+                   array_literal(int(op["ttlSeconds"]) * 1000 for op in ops))
+        statements = [*locks, (sql.renew_many, (LOCKS_NS, *columns))]
+        cur.execute("; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
+        while cur.nextset():
+            pass
+        return cur.fetchall()
+
+    def _written(self, op: Mapping[str, Any], token: int) -> Row:
+        """The row the statement wrote for ``op``, as the semantics would have written it."""
+        old = self._rows[(LOCKS_NS, permit_key(op["name"], op["slot"]))]
+        assert old is not None  # the statement renewed a row it read
+        return Row(LOCKS_NS, old.key, old.value, token,
+                   self._now + int(op["ttlSeconds"]) * 1000, old.created_at, self._now,
+                   prev_version=op["token"])
+
+    @property
+    def wrote(self) -> bool:
+        """Whether the statement wrote (and committed) a permit."""
+        return bool(self._made)
+
+    def disagree(self, what: str) -> EngineError:
+        return EngineError(
+            f"PostgreSQL's one-statement renewal of {len(self._names)} leases renewed "
+            f"{len(self._made)} but the semantics {what}; please report this")
+
+    def _need(self, what: str) -> NotScripted:
+        if self._made:
+            raise self.disagree(what)
+        return NotScripted(what)
+
+    def now_ms(self) -> int:
+        return self._now
+
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        if ns != LOCKS_NS or (key not in self._slot_keys
+                              and entity_of(ns, key)[1:] not in self._names):
+            raise self._need(f"read {ns}/{key}")
+        # A renew reads its slot first: what it then writes must be what the statement did.
+        self._next = self._made.get(key)
+        row = self._rows.get((ns, key))
+        return row if row is not None and row.live_at(now_ms) else None
+
+    def read_prefix(self, ns: str, prefix: str, *, after: Optional[str], limit: int,
+                    now_ms: int) -> list[Row]:
+        name = prefix[:-1]
+        if ns != LOCKS_NS or not prefix.endswith("#") or name not in self._names:
+            raise self._need(f"scanned {ns}/{prefix}*")
+        rows = [row for row in self._by_name[name]
+                if row.live_at(now_ms) and row.key > (after or "")]
+        return sorted(rows, key=lambda row: row.key)[:limit]
+
+    def next_version(self) -> int:
+        if self._next is None:
+            raise self._need("drew a version")
+        return self._next.version
+
+    def write(self, row: Row) -> None:
+        if row != self._next or row.key in self._written_keys:
+            raise self._need(f"wrote {row}")
+        self._written_keys.add(row.key)
+        self._next = None
+
+    def delete(self, ns: str, key: str) -> None:
+        raise self._need(f"deleted {ns}/{key}")
+
+    def freed(self, name: str) -> None:
+        raise self._need(f"freed {name!r}")
+
+    def rows(self) -> dict[tuple[str, str], Optional[Row]]:
+        """The names' rows as the statement left them."""
+        return {**self._rows, **{(row.ns, row.key): row for row in self._made.values()}}
+
+    def commit_script(self) -> list[tuple[str, Sequence[Any]]]:
+        """Nothing: the statement committed; only checks the semantics wrote what it did."""
+        if self._written_keys != set(self._made):
+            raise self.disagree(f"wrote {len(self._written_keys)} of them")
+        return []

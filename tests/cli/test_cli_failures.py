@@ -1,0 +1,135 @@
+"""``queen-sync`` when things go wrong: a closed stdout, an engine out of reach, a refused name.
+
+Each failure is one line on stderr, as env(1) and flock(1) print theirs; ``run --json``
+still ends stdout with the run's result; a reader that went away costs no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from cli_helpers import (
+    QUEEN_SYNC,
+    Cli,
+    cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
+)
+from pg_server import free_port
+from test_cli_run_json import RUN_KEYS
+
+from queen_sync._front.cli import main
+
+EPIPE_EXIT = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
+
+
+def _into_a_closed_pipe(cli: Cli, *args: str) -> subprocess.CompletedProcess[str]:
+    """``queen-sync ARGS`` with stdout a pipe whose reader is gone, as with ``| head -0``."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([*QUEEN_SYNC, *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, env=cli.env, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+
+
+def _last_json_line(stdout: str) -> dict[str, Any]:
+    lines = stdout.splitlines()
+    assert lines, "--json must end stdout with the run's result, whatever the outcome"
+    result: dict[str, Any] = json.loads(lines[-1])
+    assert set(result) == RUN_KEYS, f"the keys must not depend on the outcome: {sorted(result)}"
+    return result
+
+
+class TestAReaderThatWentAway:
+    @pytest.mark.parametrize(("command", "code"), [(["true"], 0), (["sh", "-c", "exit 3"], 3)])
+    def test_a_finished_run_exits_with_the_commands_code_and_no_traceback(
+            self, cli: Cli, command: list[str], code: int) -> None:
+        done = _into_a_closed_pipe(cli, "run", "job", "--json", "--", *command)
+        assert done.returncode == code, f"the command's code stands: {done.returncode}, " \
+                                        f"{done.stderr!r}"
+        assert "Traceback" not in done.stderr and "Broken pipe" not in done.stderr, done.stderr
+        assert cli.holders("job") == [], "the lease was not released"
+
+    @pytest.mark.parametrize("args", [["holders", "job"], ["holders", "job", "--json"],
+                                      ["ping"], ["ping", "--json"]])
+    def test_other_commands_end_quietly_as_sigpipe_would_end_them(
+            self, cli: Cli, args: list[str]) -> None:
+        done = _into_a_closed_pipe(cli, *args)
+        assert done.returncode == EPIPE_EXIT, f"{args}: exit {done.returncode}, {done.stderr!r}"
+        assert done.stderr == "", f"{args}: nothing to say to a reader that left: {done.stderr!r}"
+
+
+def _run_json_failure(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[
+        int, dict[str, Any], str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("queen-sync: "), f"one line: {err!r}"
+    return code, _last_json_line(out), err
+
+
+class TestTheJsonResultOfARunThatCouldNotStart:
+    @pytest.mark.parametrize(("argv", "code", "says"), [
+        (["--url", "http://127.0.0.1:{port}", "run", "job"], 69, "engine unavailable"),
+        (["--url", "postgresql://u@127.0.0.1:{port}/db?timeout=2", "run", "job"], 69,
+         "engine unavailable"),
+        (["run", "a#b"], 2, "contains '#'"),
+        (["run", "job-\udcff"], 2, "is not valid UTF-8"),
+        (["--url", "http://broker:6632/?token=s3cretvalue", "run", "job"], 2,
+         "must not have a query"),
+    ], ids=["http unreachable", "postgres unreachable", "name refused", "name not UTF-8",
+            "bad URL"])
+    def test_the_last_line_is_the_result_with_the_error_it_printed(
+            self, capsys: pytest.CaptureFixture[str], sqlite_url: str,
+            monkeypatch: pytest.MonkeyPatch, argv: list[str], code: int, says: str) -> None:
+        if "postgresql" in argv[1]:
+            pytest.importorskip("psycopg")
+        monkeypatch.setenv("QUEEN_URL", sqlite_url)
+        argv = [word.format(port=free_port()) for word in argv] + ["--json", "--", "true"]
+        exit_code, result, err = _run_json_failure(capsys, argv)
+        assert exit_code == code == result["exit_code"], f"exit {exit_code}, result {result}"
+        assert result["acquired"] is False and result["token"] is None, result
+        assert says in result["error"] and result["error"] in err, (
+            f"the error is the line on stderr: {result['error']!r}, {err!r}")
+        assert "\n" not in result["error"] and "s3cret" not in json.dumps(result), result
+
+    def test_a_run_that_started_has_no_error(self, cli: Cli) -> None:
+        done = cli.run("run", "job", "--json", "--", "true")
+        assert _last_json_line(done.stdout)["error"] is None, done.stdout
+
+
+class TestOneLineMessages:
+    def test_an_unreachable_postgresql_is_one_line(self, capsys: pytest.CaptureFixture[str]
+                                                   ) -> None:
+        pytest.importorskip("psycopg")
+        code = main(["--url", f"postgresql://u@127.0.0.1:{free_port()}/db?timeout=2",
+                     "holders", "job"])
+        err = capsys.readouterr().err
+        assert code == 69 and "engine unavailable" in err, (code, err)
+        assert err.count("\n") == 1, f"libpq's several lines must become one: {err!r}"
+        assert "Is the server running" in err, f"the hint is joined, not dropped: {err!r}"
+
+    def test_a_lock_name_that_is_not_utf8_is_named_as_such(self, cli: Cli) -> None:
+        done = subprocess.run([sys.executable.encode(), b"-m", b"queen_sync", b"holders",
+                               b"job-\xff"], capture_output=True, env=cli.env, timeout=60,
+                              check=False)
+        err = done.stderr.decode()
+        assert done.returncode == 2, f"a bad name is bad usage: {done.returncode}, {err!r}"
+        assert "lock name 'job-\\udcff' is not valid UTF-8" in err, err
+        assert "codec" not in err and err.count("\n") == 1, err
+
+    @pytest.mark.parametrize("extra", [["--version"], ["--bogus", "-x"]])
+    def test_unknown_options_are_not_offered_as_a_command_to_run(
+            self, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+        with pytest.raises(SystemExit) as exited:
+            main(["run", "job", *extra])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2, err
+        assert f"unknown option{'s' if len(extra) > 1 else ''} for run: {' '.join(extra)}" \
+            in err, err
+        assert "-- --" not in err and "put the command after" not in err, (
+            f"the hint would run a program called {extra[0]}: {err!r}")

@@ -1,0 +1,95 @@
+"""``queen-sync`` as a Unix tool: ``--version``, and one clear line for each kind of bad usage."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from cli_helpers import (
+    Cli,
+    cli_fixture,  # noqa: F401  # registers the ``cli`` fixture
+)
+
+from queen_sync import __version__
+from queen_sync._front.cli import main
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The exit code and stderr of ``queen-sync ARGV`` run in this process."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def engine_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the engine would be: a bad usage must never create it."""
+    path = tmp_path / "never.db"
+    monkeypatch.setenv("QUEEN_URL", "sqlite://" + str(path))
+    return path
+
+
+class TestVersion:
+    def test_version_prints_the_program_and_the_package_version_and_exits_0(self,
+                                                                           cli: Cli) -> None:
+        done = cli.run("--version")
+        assert done.returncode == 0, f"--version must exit 0: {done.returncode}, {done.stderr!r}"
+        assert done.stdout == f"queen-sync {__version__}\n", (
+            f"--version prints 'queen-sync X.Y.Z': {done.stdout!r}")
+
+
+class TestAForgottenDoubleDash:
+    def test_a_command_without_double_dash_gets_a_hint_showing_where_to_put_it(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path) -> None:
+        code, err = _usage_error(["run", "job", "--ttl", "1m", "python", "-c", "print(1)"],
+                                 capsys)
+        assert code == 2, f"a forgotten -- is bad usage: exit {code}, {err!r}"
+        assert "unrecognized arguments: python -c 'print(1)'" in err, err
+        fixed = "queen-sync run job --ttl 1m -- python -c 'print(1)'"
+        assert f"put the command after --: {fixed}" in err, f"the hint must show the fix: {err!r}"
+        assert len(err.splitlines()) == 1, f"one line, no usage dump: {err!r}"
+        assert not engine_file.exists(), "bad usage must not open the engine"
+
+    def test_the_suggested_command_is_accepted_as_it_is_shown(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path) -> None:
+        _, err = _usage_error(["--json", "run", "job", "sh", "-c", "echo $HOME", "--limit", "2"],
+                              capsys)
+        suggested = shlex.split(err.split("put the command after --: ", 1)[1])
+        assert suggested == ["queen-sync", "--json", "run", "job", "--limit", "2", "--",
+                             "sh", "-c", "echo $HOME"], f"the hint must be a working line: {err!r}"
+
+    def test_unknown_options_before_the_double_dash_are_not_blamed_on_the_command(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path) -> None:
+        code, err = _usage_error(["run", "job", "--bogus", "--", "true"], capsys)
+        assert code == 2 and "unknown option for run: --bogus" in err, err
+        assert "put the command after" not in err, f"the command was after --: {err!r}"
+
+
+class TestBadValues:
+    @pytest.mark.parametrize(("argv", "message"), [
+        (["run", "job", "--ttl", "10 parsecs", "--", "true"],
+         "--ttl: '10 parsecs' is not a duration (e.g. 30s, 5m, 1h30m)"),
+        (["run", "job", "--ttl", "500ms", "--", "true"],
+         "--ttl: a lease must last at least 1 second, got '500ms'"),
+        (["run", "job", "--grace", "soon", "--", "true"],
+         "--grace: 'soon' is not a duration (e.g. 30s, 5m, 1h30m)"),
+        (["release", "job", "--token", "abc"], "--token: 'abc' is not a whole number"),
+        (["release", "job", "--token", "0"], "--token: must be at least 1, got 0"),
+        (["release", "job", "--token", "1", "--slot", "x"], "--slot: 'x' is not a whole number"),
+        (["run", "job", "--limit", "2k", "--", "true"], "--limit: '2k' is not a whole number"),
+        (["run", "job", "--busy-exit-code", "300", "--", "true"],
+         "--busy-exit-code: must be 0..255, got 300"),
+    ])
+    def test_a_bad_value_is_named_with_its_option_on_one_line_and_exits_2(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path, argv: list[str],
+            message: str) -> None:
+        code, err = _usage_error(argv, capsys)
+        assert code == 2, f"{argv}: bad usage exits 2, got {code}: {err!r}"
+        assert message in err, f"{argv}: expected {message!r} in {err!r}"
+        assert len(err.splitlines()) == 1, f"{argv}: one line, no usage dump: {err!r}"
+        assert "invalid" not in err and "Traceback" not in err, f"{argv}: unclear: {err!r}"
+        assert err.startswith("queen-sync"), f"{argv}: the line names the program: {err!r}"
+        assert not engine_file.exists(), "bad usage must not open the engine"
