@@ -26,7 +26,9 @@ from pg_server import PgServer, require_pg, shared_server
 if not require_pg():
     pytest.importorskip("psycopg")
 import psycopg
+from pg_cuts import cut_after_first
 
+from queen_sync import QueenError
 from queen_sync._engines.postgres.engine import PostgresEngine
 
 pytestmark = pytest.mark.timeout(120)
@@ -265,18 +267,7 @@ class TestAnOutcomeLeftOpen:
     def test_an_acquire_whose_connection_broke_after_it_committed_is_answered_on_the_retry(
             self, engine: PostgresEngine, monkeypatch: pytest.MonkeyPatch) -> None:
         """The statement ran and committed, then the connection died before the answer."""
-        real_execute = psycopg.ClientCursor.execute
-        broke: list[str] = []
-
-        def commit_then_break(cursor: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-            result = real_execute(cursor, query, params, **kw)
-            if "qs_acquire_scripted" in str(query) and not broke:
-                broke.append(str(query))
-                cursor.connection.close()
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return result
-
-        monkeypatch.setattr(psycopg.ClientCursor, "execute", commit_then_break)
+        broke = cut_after_first(monkeypatch, "qs_acquire_scripted")
         answer = _acquire(engine, "me")
         assert broke, "the one-statement acquire never ran"
         assert answer["acquired"] and answer.get("already") is True, (
@@ -284,6 +275,29 @@ class TestAnOutcomeLeftOpen:
         state = engine.call("locks", {"operations": [{"op": "get", "name": NAME}]})
         holders = state["results"][0]["holders"]
         assert [(h["owner"], h["token"]) for h in holders] == [("me", answer["token"])], holders
+
+
+    def test_a_renew_naming_no_owner_whose_answer_was_lost_after_it_committed_is_not_called_lost(
+            self, engine: PostgresEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Only an owner's resend is recognised by the renew rule, so a renew without one
+        must not commit where a lost answer leaves the retry judging it stale."""
+        token = _acquire(engine, "me")["token"]
+        # Whichever path the renew takes, cut the trip that commits it.
+        broke = cut_after_first(monkeypatch, "renew", "COMMIT")
+        op = {"op": "renew", "name": NAME, "token": token, "ttlSeconds": 30, "slot": 0}
+        try:
+            answer: Optional[dict[str, Any]] = engine.call(
+                "locks", {"operations": [op]})["results"][0]
+        except QueenError as exc:
+            assert "unknown" in str(exc), f"a lost answer must say the outcome is unknown: {exc}"
+            answer = None
+        monkeypatch.undo()
+        assert broke, "no trip of the renew was cut"
+        state = engine.call("locks", {"operations": [{"op": "get", "name": NAME}]})
+        renewed = [h for h in state["results"][0]["holders"] if h["token"] != token]
+        if answer is not None:
+            assert answer.get("renewed") or not renewed, (
+                f"answered {answer} although the permit was renewed: {renewed}")
 
 
 class TestFencesStillHoldOffATakeover:

@@ -147,3 +147,40 @@ class TestABigBodyIsCheckedOnce:
         renewed = client.locks.batch(_renew_ops(answers))
         assert all(r["renewed"] for r in renewed), "every lease should be renewed"
         assert len(checked) == 600, f"600 renews were validated {len(checked)} times, not once"
+
+
+class _CountingRows(dict):  # type: ignore[type-arg]
+    """A transaction's remembered rows, counting how many a full pass over them visits."""
+
+    visited = 0
+
+    def items(self) -> Any:
+        _CountingRows.visited += len(self)
+        return super().items()
+
+    def values(self) -> Any:
+        _CountingRows.visited += len(self)
+        return super().values()
+
+    def __iter__(self) -> Any:
+        _CountingRows.visited += len(self)
+        return super().__iter__()
+
+
+class TestAPrefixReadInABigTransaction:
+    def test_reading_one_names_permits_visits_only_that_names_rows(
+            self, client: qs.Queen, monkeypatch: pytest.MonkeyPatch) -> None:
+        from queen_sync._engines.postgres import txn
+
+        real_init = txn.PgTxn.__init__
+
+        def counting_init(self: txn.PgTxn, *args: Any, **kwargs: Any) -> None:
+            real_init(self, *args, **kwargs)
+            self._rows = _CountingRows(self._rows)
+
+        monkeypatch.setattr(txn.PgTxn, "__init__", counting_init)
+        _CountingRows.visited = 0
+        _hold(client, 256)  # one transaction: every acquire reads its name's permits
+        assert _CountingRows.visited <= 4 * 256, (
+            f"256 acquires in one transaction visited {_CountingRows.visited} remembered rows: "
+            "each prefix read scans every row the transaction knows (quadratic)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import secrets
 from typing import Any, Iterator
 
@@ -24,13 +25,14 @@ from pg_server import PgServer, require_pg, shared_server
 if not require_pg():
     pytest.importorskip("psycopg")
 import psycopg
+from pg_cuts import cut_after_first
 
 from queen_sync._engines.postgres.engine import LOCKS_PER_TRANSACTION, PostgresEngine
 
 pytestmark = pytest.mark.timeout(180)
 NAMES = ("a", "b", "c")
 SUFFIXES = ("0", "1", "2", "01", "x")
-OWNERS = ('"alice"', '"me"', '"me"', "5")
+OWNERS = ('"alice"', '"me"', '"me"', "5", "array", "twice")
 LIMITS = ("1", "2", None)
 EXPIRIES = {"past": -5_000, "soon": 3_600_000, "forever": None}
 SEEDED_BELOW = 1_000  # seeded versions stay below it; the sequence restarts above it
@@ -128,6 +130,10 @@ def _seed(conn: psycopg.Connection[Any], schema: str,
     for index, (name, suffix, owner, limit, expiry, floor) in enumerate(rows):
         version = 10 * (index + 1)
         value = "{" + f'"owner":{owner}' + ("" if limit is None else f',"limit":{limit}') + "}"
+        if owner == "array":
+            value = '["me"]'
+        elif owner == "twice":  # JSON with a key twice: the last one counts, in SQL as here
+            value = '{"owner":"alice","owner":"me","limit":1}'
         offset = EXPIRIES[expiry]
         conn.execute(
             f'INSERT INTO "{schema}".kv VALUES (%s, %s, %s::json, %s, %s, %s, %s, %s)',
@@ -159,18 +165,25 @@ _ROWS = st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(SUFFIXES),
                            st.sampled_from(sorted(EXPIRIES)),
                            st.sampled_from([None, 0, 3, 10])),
                  max_size=7, unique_by=lambda row: (row[0], row[1]))
-_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[
+_SETTINGS = settings(max_examples=int(os.environ.get("QUEEN_SYNC_RENEW_BATCH_EXAMPLES", "40")),
+                     deadline=None, suppress_health_check=[
     HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _renew_of(data: st.DataObject, name: str,
               rows: list[tuple[str, str, str, str | None, str, int | None]]) -> dict[str, Any]:
-    """A renew of ``name``: mostly of a seeded slot, with a token near a seeded version."""
+    """A renew of ``name``: mostly of a seeded slot, with a token near a seeded version;
+    often that slot is made the renewing owner's live permit (``rows`` changes)."""
     index = next((i for i, row in enumerate(rows) if row[0] == name
                   and row[1] in ("0", "1", "2") and data.draw(st.booleans())), None)
+    if index is not None and data.draw(st.booleans()):
+        _, suffix, _, limit, _, floor = rows[index]
+        rows[index] = (name, suffix, '"me"', limit, "soon", floor)
     slot = int(rows[index][1]) if index is not None else data.draw(st.integers(0, 2))
     version = 10 * (index + 1) if index is not None else 10
-    token = data.draw(st.sampled_from([version, version, version - 2, version - 3,
+    floor = rows[index][5] if index is not None else None
+    at_floor = version - (floor if floor is not None else 3)  # what its last renew presented
+    token = data.draw(st.sampled_from([version, version, at_floor, at_floor, version - 2,
                                        version + 10, 999]))
     return {"op": "renew", "name": name, "slot": slot, "token": token, "ttlSeconds": 30,
             "owner": data.draw(st.sampled_from(["me", "me", "alice", "5"]))}
@@ -183,6 +196,7 @@ class TestTheRenewBatchAgreesWithTheTwoTripPath:
             self, server: PgServer, trips: list[str],
             rows: list[tuple[str, str, str, str | None, str, int | None]],
             data: st.DataObject) -> None:
+        rows = list(rows)
         ops = [_renew_of(data, name, rows) for name in NAMES]
         (fast_schema, fast), (slow_schema, slow) = _fresh(server), _fresh(server)
         with contextlib.closing(fast), contextlib.closing(slow), psycopg.connect(
@@ -201,3 +215,18 @@ class TestTheRenewBatchAgreesWithTheTwoTripPath:
                 "the two paths left the rows differently")
             for schema in (fast_schema, slow_schema):
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+class TestARenewalWhoseOutcomeWasLeftOpen:
+    def test_renews_whose_connection_broke_after_they_committed_renew_again_on_the_retry(
+            self, engine: PostgresEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The statement ran and committed, then the connection died before the answer."""
+        answers = _held(engine, 20)
+        broke = cut_after_first(monkeypatch, "qs_renew_many")
+        renewed = _locks(engine, _renews(answers))
+        assert broke, "the one-statement renewal never ran"
+        assert all(r["renewed"] for r in renewed), (
+            f"the retry must renew what the first attempt renewed: {renewed}")
+        state = _locks(engine, [{"op": "get", "name": f"r-{i:04d}"} for i in range(20)])
+        assert [s["holders"][0]["token"] for s in state] == [r["token"] for r in renewed], (
+            "every row must be at the token the retry answered")

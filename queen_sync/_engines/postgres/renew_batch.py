@@ -64,13 +64,13 @@ class RenewedTxn:
         self._by_name: dict[str, list[Row]] = {name: [] for name in self._names}
         tokens: dict[str, int] = {}
         for record in records:
-            if record[3] is None:
+            if record[2] is None:
                 continue  # the header of a statement that read no rows
-            row = _row(record[4:])
+            row = _row(record[3:])
             self._rows[(row.ns, row.key)] = row
-            self._by_name[record[3]].append(row)
+            self._by_name[record[2]].append(row)
             if record[1] is not None:
-                tokens[record[1]] = int(record[2])
+                tokens[row.key] = int(record[1])
         self._made = {op_key: self._written(op, tokens[op_key]) for op in ops
                       if (op_key := permit_key(op["name"], op["slot"])) in tokens}
         self._next: Optional[Row] = None  # the made row the semantics are about to write

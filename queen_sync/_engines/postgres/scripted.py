@@ -42,12 +42,17 @@ class NotScripted(Exception):
 
 
 def scriptable(op: Optional[Mapping[str, Any]]) -> bool:
-    """Whether a lone lock op can be answered by one statement: an owned acquire, a renew
-    naming its slot, a get."""
+    """Whether a lone lock op can be answered by one statement: an owned acquire, an owned
+    renew naming its slot, a get.
+
+    The statement commits as it ends, so a lost answer means the body runs again; only an
+    owner's resend is recognised by the acquire and renew rules, hence the owner.
+    """
     if op is None:
         return False
-    return (op["op"] == "get" or (op["op"] == "acquire" and bool(op.get("owner")))
-            or (op["op"] == "renew" and "slot" in op))
+    owned = bool(op.get("owner"))
+    return (op["op"] == "get" or (op["op"] == "acquire" and owned)
+            or (op["op"] == "renew" and owned and "slot" in op))
 
 
 def _row(record: Sequence[Any]) -> Row:

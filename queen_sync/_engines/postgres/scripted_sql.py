@@ -86,32 +86,35 @@ def _renew_many(kv: str, seq: str) -> str:
     """$1 ns, then arrays, one element per renew: $2 names (distinct), $3 slot keys,
     $4 tokens presented, $5 owners, $6 lifetimes in ms.
 
-    ``_renew``'s rule for every op at once, each on its own name. Every row of the names
-    is returned, after the name it was read for (the semantics answer a refused renew
-    with the name's holders), each with the token written to it, if any.
+    ``_renew``'s rule for every op at once, each naming its owner, on a name of its own.
+    Every row of the names is returned, after the name it was read for (the semantics
+    answer a refused renew with the name's holders), with the token written to it if any.
     """
-    owned = ("json_typeof(stored.value) = 'object'"
-             " AND json_typeof(stored.value -> 'owner') = 'string'"
-             " AND stored.value ->> 'owner' = r.owner")
+    stored_columns = ", ".join(f"stored.{c}" for c in _COLUMNS.split(", "))
     return (
         f"WITH clock AS MATERIALIZED ({_CLOCK}),"
         " r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[],"
         " $6::bigint[]) AS r(name, key, token, owner, ttl)),"
-        # One index range per name (OFFSET 0 keeps each a scan of its own, not a join).
-        f" stored AS MATERIALIZED (SELECT r.name AS of_name, s.* FROM r, LATERAL (SELECT"
-        f" {_COLUMNS} FROM {kv}"
+        # One index range per name (OFFSET 0 keeps each a scan of its own, not a join);
+        # the value is parsed once, for the owner a renew must match.
+        " stored AS MATERIALIZED (SELECT r.name AS of_name, s.*,"
+        " CASE WHEN jsonb_typeof(s.value::jsonb) = 'object'"
+        " AND jsonb_typeof(s.value::jsonb -> 'owner') = 'string'"
+        " THEN s.value::jsonb ->> 'owner' END AS held_by"
+        f" FROM r, LATERAL (SELECT {_COLUMNS} FROM {kv}"
         " WHERE ns = $1 AND key >= r.name || '#' AND key < r.name || '$' OFFSET 0) AS s),"
+        # The clock as a scalar subquery is read once; joined, it is rescanned per row.
         " target AS (SELECT stored.key, r.token, r.ttl FROM r JOIN stored"
-        " ON stored.key = r.key, clock"
-        " WHERE (stored.expires_at IS NULL OR stored.expires_at > clock.now)"
-        f" AND ((stored.version = r.token AND ({owned}))"
-        f" OR (({owned}) AND stored.prev_version <= r.token AND r.token < stored.version))),"
+        " ON stored.key = r.key AND stored.held_by = r.owner"
+        " WHERE (stored.expires_at IS NULL OR stored.expires_at > (SELECT now FROM clock))"
+        " AND (stored.version = r.token"
+        " OR (stored.prev_version <= r.token AND r.token < stored.version))),"
         f" put AS (UPDATE {kv} AS permit SET version = {seq},"
-        " expires_at = clock.now + target.ttl, updated_at = clock.now,"
-        " prev_version = target.token FROM target, clock"
+        " expires_at = (SELECT now FROM clock) + target.ttl,"
+        " updated_at = (SELECT now FROM clock), prev_version = target.token FROM target"
         " WHERE permit.ns = $1 AND permit.key = target.key"
         " RETURNING permit.key, permit.version)"
-        " SELECT clock.now, put.key, put.version, stored.*"
+        f" SELECT clock.now, put.version, stored.of_name, {stored_columns}"
         " FROM clock LEFT JOIN stored ON true LEFT JOIN put ON put.key = stored.key"
     )
 

@@ -2,7 +2,8 @@
 
 A body is one transaction: in two round trips (see ``txn``), or in one when it
 only reads permits the client remembers and deletes (see ``one_trip``), or is one
-acquire, renew or get that a single statement answers (see ``scripted``). What to
+acquire, renew or get that a single statement answers (see ``scripted``), or
+renews only, one statement per transaction (see ``renew_batch``). What to
 lock and prefetch comes from the body's ``Footprint``, which the semantics hand
 over. A connection lost before COMMIT was sent means nothing committed, so the
 body runs once more on a fresh connection; one lost during COMMIT leaves the

@@ -21,6 +21,7 @@ holder's own renewals (UPDATEs of non-key columns) are not blocked by it.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -125,6 +126,9 @@ class PgTxn:
         self._sql = sql
         self._pending: list[Statement] = []
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
+        # The permit keys of ``_rows`` in order, so a prefix read answered from memory
+        # visits only the keys it returns, not every row the transaction knows.
+        self._permit_keys: list[str] = []
         self._complete: set[str] = set()
         self.unplanned: set[str] = set()
         ordered = sorted(entities, key=entity_key)
@@ -151,7 +155,13 @@ class PgTxn:
         self._complete.update(entities)
         for record in records:
             row = _row(record)
-            self._rows[(row.ns, row.key)] = row
+            self._keep(row.ns, row.key, row)
+
+    def _keep(self, ns: str, key: str, row: Optional[Row]) -> None:
+        """Remember the row at ``(ns, key)`` (``None``: known absent), indexed if a permit."""
+        if ns == LOCKS_NS and (ns, key) not in self._rows:
+            bisect.insort(self._permit_keys, key)
+        self._rows[(ns, key)] = row
 
     def _roundtrip(self, statements: Sequence[Statement]) -> list[tuple[int, list[Any]]]:
         """Send statements as one script; each one's ``(rowcount, rows)`` in order."""
@@ -190,7 +200,7 @@ class PgTxn:
             return self._rows.get((ns, key))
         records = self._ask(entity, (self._sql.read, (ns, key)))
         row = _row(records[0]) if records else None
-        self._rows[(ns, key)] = row
+        self._keep(ns, key, row)
         return row
 
     def read_prefix(
@@ -206,14 +216,22 @@ class PgTxn:
         records = self._ask(entity, query)
         rows = [_row(record) for record in records]
         for row in rows:
-            self._rows[(row.ns, row.key)] = row
+            self._keep(row.ns, row.key, row)
         return rows
 
     def _cached_prefix(self, prefix: str, after: str, limit: int, now_ms: int) -> list[Row]:
-        rows = [row for (ns, key), row in self._rows.items()
-                if row is not None and ns == LOCKS_NS and key.startswith(prefix) and key > after
-                and row.live_at(now_ms)]
-        return sorted(rows, key=lambda row: row.key)[:limit]
+        keys = self._permit_keys
+        start = bisect.bisect_right(keys, after) if after >= prefix else (
+            bisect.bisect_left(keys, prefix))
+        rows: list[Row] = []
+        for index in range(start, len(keys)):  # not keys[start:]: that copies the tail
+            key = keys[index]
+            if len(rows) >= limit or not key.startswith(prefix):
+                break
+            row = self._rows[(LOCKS_NS, key)]
+            if row is not None and row.live_at(now_ms):
+                rows.append(row)
+        return rows
 
     def _queue(self, entity: str, statements: Sequence[Statement]) -> None:
         if entity not in self._held:
@@ -241,11 +259,11 @@ class PgTxn:
             statements = [(self._sql.delete_expired, (row.ns, row.key, self._now)),
                           (self._sql.insert, (row.ns, row.key, *values))]
         self._queue(entity, statements)
-        self._rows[(row.ns, row.key)] = row
+        self._keep(row.ns, row.key, row)
 
     def delete(self, ns: str, key: str) -> None:
         self._queue(entity_of(ns, key), [(self._sql.delete, (ns, key))])
-        self._rows[(ns, key)] = None
+        self._keep(ns, key, None)
 
     def freed(self, name: str) -> None:
         self._pending.append(notify_statement(self._sql, name))

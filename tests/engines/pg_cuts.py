@@ -1,0 +1,32 @@
+"""Cutting the PostgreSQL connection just after a statement ran, before its answer arrives.
+
+The one-statement calls commit as they end, so this is the moment whose outcome the
+client cannot know: the tests check what the engine answers on its retry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+
+def cut_after_first(monkeypatch: pytest.MonkeyPatch, *markers: str) -> list[str]:
+    """Close the connection after the first statement containing one of ``markers`` has run.
+
+    Returns the list the cut query is appended to, so a test can check it happened.
+    """
+    real_execute = psycopg.ClientCursor.execute
+    cut: list[str] = []
+
+    def run_then_cut(cursor: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        result = real_execute(cursor, query, params, **kw)
+        if any(m in str(query) for m in markers) and not cut:
+            cut.append(str(query))
+            cursor.connection.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", run_then_cut)
+    return cut
