@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -12,7 +11,6 @@ from typing import (
     Any,
     Callable,
     ContextManager,
-    Iterator,
     Mapping,
     Optional,
     Sequence,
@@ -279,9 +277,13 @@ class Queen:
             got = len(results) if isinstance(results, list) else type(results).__name__
             raise ProtocolError(f"{route} sent {len(ops)} op(s) and got results: {got}",
                                 route=route)
-        if not all(isinstance(r, dict) for r in results):
-            raise ProtocolError(f"{route} answered a result that is not an object", route=route)
-        return [Result(r) for r in results]
+        wrapped = []
+        for result in results:
+            if not isinstance(result, dict):
+                raise ProtocolError(f"{route} answered a result that is not an object",
+                                    route=route)
+            wrapped.append(Result(result))
+        return wrapped
 
     def _call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
         return self._call_ops("locks", ops)
@@ -306,17 +308,8 @@ class Queen:
     def _closed_error(self) -> QueenError:
         return QueenError(f"this Queen client ({self.url}) is closed")
 
-    @contextlib.contextmanager
-    def _acquiring(self) -> Iterator[None]:
-        with self._acquires_done:
-            self._check_accepting()
-            self._acquires += 1
-        try:
-            yield
-        finally:
-            with self._acquires_done:
-                self._acquires -= 1
-                self._acquires_done.notify_all()
+    def _acquiring(self) -> ContextManager[None]:
+        return _AcquireInFlight(self)
 
     # ---- loss handlers, off the renewer thread -------------------------------------------
 
@@ -393,6 +386,33 @@ class Queen:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.renewer.held())} held"
         return f"<Queen {self._engine.kind} {self.url} {state}>"
+
+
+class _AcquireInFlight:
+    """Counts one acquire in flight on ``client`` while the block runs (``close()`` waits).
+
+    A class, not a generator: it is on every acquire's path, where a generator-based
+    context manager costs more than the counting.
+    """
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Queen) -> None:
+        self._client = client
+
+    def __enter__(self) -> None:
+        client = self._client
+        with client._acquires_done:
+            client._check_accepting()
+            client._acquires += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        client = self._client
+        with client._acquires_done:
+            client._acquires -= 1
+            # Only close() waits, and it sets _closing under this lock before it does.
+            if client._acquires == 0 and client._closing:
+                client._acquires_done.notify_all()
 
 
 class _HandleCaller:

@@ -41,6 +41,16 @@ class Metrics:
         with self._lock:
             self._held = max(0, self._held + delta)
 
+    def acquired(self, waited: float) -> None:
+        """One acquire took a lease after ``waited`` seconds: counted, held, timed at once."""
+        with self._lock:
+            self._counts["acquired"] += 1
+            self._held += 1
+            entry = self._timings["acquire_wait_seconds"]
+            entry[0] += 1
+            entry[1] += waited
+            entry[2] = max(entry[2], waited)
+
     def observe(self, timing: str, seconds: float) -> None:
         """Record one duration of ``timing`` (one of ``TIMINGS``): its count, sum and max."""
         with self._lock:

@@ -74,15 +74,37 @@ def _text(value: Any, what: str, *, max_bytes: int, error: Any) -> str:
     return value
 
 
+# Names and owners found valid, so that the op of every acquire and release (checked by
+# its builder and again by the engine) skips the encoding and the scan. Only exact ``str``
+# values are kept: they cannot change, and a subclass could answer ``==`` as it likes.
+_GOOD_NAMES: dict[str, None] = {}
+_GOOD_OWNERS: dict[str, None] = {}
+_GOOD_MAX = 4096  # entries; past it the cache starts again, so it never grows unbounded
+
+
+def _remember(good: dict[str, None], value: str) -> None:
+    if type(value) is str:
+        if len(good) >= _GOOD_MAX:
+            good.clear()
+        good[value] = None
+
+
 def check_name(name: Any) -> str:
+    if type(name) is str and name in _GOOD_NAMES:
+        return name
     _text(name, "lock name", max_bytes=256, error=_lock_error)
     if "#" in name:
         raise _lock_error(f"lock name {name!r} contains '#', which separates name and slot")
+    _remember(_GOOD_NAMES, name)
     return str(name)
 
 
 def check_owner(owner: Any) -> str:
-    return _text(owner, "owner", max_bytes=256, error=_lock_error)
+    if type(owner) is str and owner in _GOOD_OWNERS:
+        return owner
+    checked = _text(owner, "owner", max_bytes=256, error=_lock_error)
+    _remember(_GOOD_OWNERS, checked)
+    return checked
 
 
 def mint_owner() -> str:
@@ -184,7 +206,7 @@ def _number(value: Any, what: str) -> None:
 
 def check_lock_op(op: Any) -> Mapping[str, Any]:
     """Validate one op of ``POST /api/v1/locks``; raises TypeError or RequestError."""
-    if not isinstance(op, Mapping):
+    if type(op) is not dict and not isinstance(op, Mapping):  # a dict skips the ABC's check
         raise TypeError(f"a lock op must be a dict, got {type(op).__name__}")
     kind = op.get("op")
     if kind not in LOCK_OPS:

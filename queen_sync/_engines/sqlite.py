@@ -84,6 +84,15 @@ _OPENING = threading.Lock()
 _REGISTERING = threading.Lock()
 
 
+# A prefix read's statement by (resuming after a key, bounded above): made once, not per read.
+_PREFIX_READS = {
+    (resumed, bounded): f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key "
+                        f"{'>' if resumed else '>='} ?{' AND key < ?' if bounded else ''}"
+                        " AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?"
+    for resumed in (False, True) for bounded in (False, True)
+}
+
+
 def _identity(path: str) -> tuple[int, int, int]:
     """The file at ``path``: device, inode, and how many names it has."""
     info = os.stat(path)
@@ -116,12 +125,11 @@ class _SqliteTxn:
     ) -> Sequence[Row]:
         # One bounded range of the primary key: the rows of this prefix and no others.
         end = prefix_end(prefix)
-        start, above = (after, ">") if after is not None and after >= prefix else (prefix, ">=")
-        bound = "" if end is None else " AND key < ?"
+        resumed = after is not None and after >= prefix
+        start = after if resumed else prefix
         records = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key {above} ?{bound}"
-            " AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?",
-            (ns, start, *(() if end is None else (end,)), now_ms, limit),
+            _PREFIX_READS[resumed, end is not None],
+            (ns, start, now_ms, limit) if end is None else (ns, start, end, now_ms, limit),
         ).fetchall()
         return [_row(r) for r in records]
 
@@ -271,7 +279,27 @@ class SqliteStorage:
                 f"{problem} while this client used it: its leases cannot be kept, and a new "
                 "client would start a new store", path=self.path)
 
+    def _intact(self) -> bool:
+        """Whether the file and its -wal and -shm are still those this client opened.
+
+        The answer of nearly every call, found in the fewest steps; anything else is
+        left to ``_identity_problem`` to name.
+        """
+        try:
+            info = os.stat(self.path)
+            if info.st_nlink != 1 or (info.st_dev, info.st_ino) != self._identity:
+                return False
+            for name, identity in self._sides:
+                side = os.lstat(name)
+                if (side.st_dev, side.st_ino) != identity:
+                    return False
+        except OSError:
+            return False
+        return True
+
     def _identity_problem(self) -> Optional[str]:
+        if self._intact():
+            return None
         try:
             now = _identity(self.path)
         except FileNotFoundError:
@@ -365,7 +393,8 @@ class SqliteStorage:
         self._calls += 1
         if self._calls % _SWEEP_EVERY == 0:
             txn.sweep(txn.now_ms())
-        self._check_identity()  # a commit into an unlinked file would be seen by nobody
+        if not self._intact():  # a commit into an unlinked file would be seen by nobody
+            self._check_identity()
         txn.commit()
 
     def after_fork(self) -> None:

@@ -335,14 +335,12 @@ class Lock:
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
         self._unsure = False
         self._unreleased = None  # a fresh permit supersedes one whose release raised
-        self.lost.clear()  # the same Event object, so a caller's reference stays current
+        if self.lost.is_set():  # reading it takes no lock; clearing it takes one
+            self.lost.clear()  # the same Event object, so a caller's reference stays current
         self.lost_reason = None
         self._holders = ()
         self._taken_in, self._cell = threading.get_ident(), cell_number()
-        metrics = self._client.metrics
-        metrics.count("acquired")
-        metrics.held(1)
-        metrics.observe("acquire_wait_seconds", time.monotonic() - started)
+        self._client.metrics.acquired(time.monotonic() - started)
         self._client.renewer.register(self)
 
     def _abandon(self) -> None:
@@ -746,8 +744,11 @@ class Lock:
             self.forget_after_fork()
 
     def _check_process(self) -> None:
-        self._adopt_process()
-        if self._pid != os.getpid():  # only a handle given its owner= stays the parent's
+        pid = os.getpid()  # once: each look is a system call, on every acquire's path
+        if self._pid == pid:
+            return
+        self.forget_after_fork()
+        if self._pid != pid:  # only a handle given its owner= stays the parent's
             raise LockError(
                 f"lock {self.name!r}: this handle was given owner={self.owner!r} in process "
                 f"{self._pid}, and this process was forked from it; one owner is one holder, "
