@@ -150,6 +150,8 @@ class Lock:
         self._slot: Optional[int] = None
         self._sent_at = 0.0
         self._next_renew = float("inf")
+        # The name, owner and ttl a renew op was checked for, and that op: see ``renew_op``.
+        self._renew_base: Optional[tuple[str, str, float, dict[str, Any]]] = None
         self._last_token: Optional[int] = None
         self._unsure = False  # a renew call failed: it may have applied, minting a token unseen
         # A permit whose release raised: kept only so release() can be retried. It may have
@@ -393,10 +395,24 @@ class Lock:
 
     def renew_op(self) -> Optional[dict[str, Any]]:
         """The renew op for the token held now (None when nothing is held)."""
-        if self._token is None:
+        token = self._token
+        if token is None:
             return None
-        return LockOps.renew(self.name, token=self._token, ttl_seconds=wire_seconds(self.ttl),
-                             slot=self._slot, owner=self.owner)
+        # Checked once per name, owner and lifetime, then copied with the token and slot of
+        # the moment: a tick of thousands of leases does not check each op twice (the
+        # engine checks every op it runs).
+        base = self._renew_base
+        if (base is None or base[0] != self.name or base[1] != self.owner
+                or base[2] != self.ttl):
+            op = LockOps.renew(self.name, token=token, ttl_seconds=wire_seconds(self.ttl),
+                               slot=self._slot, owner=self.owner)
+            self._renew_base = (self.name, self.owner, self.ttl, op)
+            return dict(op)
+        op = dict(base[3])
+        op["token"] = token
+        if self._slot is not None:
+            op["slot"] = self._slot
+        return op
 
     def apply_renewal(self, answer: dict[str, Any], sent_at: float) -> bool:
         """Apply a renew answer (the caller has begun the call); False when the lease is gone.
@@ -405,16 +421,17 @@ class Lock:
         loss may already have been reported, and work stopped because of it.
         """
         with self._state:
-            live = self._token is not None and self._client.clock.monotonic() < self.deadline
+            deadline = self.deadline
+            live = self._token is not None and self._client.clock.monotonic() < deadline
             if live and answer.get("renewed"):
-                self._renew_took(answer, sent_at)
+                self._renew_took(answer, sent_at, deadline)
                 return True
         self.mark_lost("renew" if live else "expired")
         return False
 
-    def _renew_took(self, answer: dict[str, Any], sent_at: float) -> None:
+    def _renew_took(self, answer: dict[str, Any], sent_at: float, deadline: float) -> None:
         metrics = self._client.metrics
-        metrics.margin(self.deadline - sent_at)
+        metrics.margin(deadline - sent_at)
         metrics.count("renewed")
         self._token, self._slot = int(answer["token"]), int(answer["slot"])
         self._last_token = self._token

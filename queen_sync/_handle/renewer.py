@@ -150,68 +150,118 @@ class Renewer:
         clock = self._client.clock
         now = clock.monotonic()
         self.ticks += 1
-        live = self._expire(now)
-        due = [lock for lock in live
-               if lock.renew_due <= now and self._deferred.get(id(lock), 0.0) <= now]
+        live, nearest = self._expire(now)
+        due = self._due(live, now)
         if due:
-            # The call goes out anyway: take along what falls due soon, so batches merge.
-            # Past half a period, two batches always meet: one of them takes the other along.
-            due += [lock for lock in live
-                    if now < lock.renew_due <= now + lock.renew_every * _TAKE_ALONG]
-            self._renew(due, now)
+            self._renew(due, now, nearest)
         return self._next_wake(clock.monotonic())
 
-    def _expire(self, now: float) -> list[Lock]:
-        """Mark lost every lease past its local deadline; return the others."""
+    def _expire(self, now: float) -> tuple[list[Lock], float]:
+        """Mark lost every lease past its local deadline; return the others, and the nearest
+        of their deadlines (``now + _IDLE_CHECK`` when there are none)."""
         live = []
+        nearest = now + _IDLE_CHECK
         for lock in self.held():
-            if now >= lock.deadline:
+            try:
+                deadline = lock.deadline
+            except Exception as exc:  # a lifetime set to garbage: taken as passed
+                log.error("lock %r has no deadline, so it is lost: %r", lock.name, exc)
+                lock.mark_lost("expired")
+                continue
+            if now >= deadline:
                 lock.mark_lost("expired")
             else:
                 live.append(lock)
-        return live
+                nearest = min(nearest, deadline)
+        return live, nearest
 
-    def _renew(self, due: list[Lock], now: float) -> None:
+    def _due(self, live: list[Lock], now: float) -> list[Lock]:
+        """The leases of ``live`` due now (none deferred), and those due soon when any is.
+
+        The call goes out anyway: taking along what falls due soon merges batches. Past
+        half a period, two batches always meet: one of them takes the other along.
+        """
+        due: list[Lock] = []
+        soon: list[Lock] = []
+        deferred = self._deferred
+        for lock in live:
+            renew_due = lock.renew_due
+            if renew_due <= now:
+                if not deferred or deferred.get(id(lock), 0.0) <= now:
+                    due.append(lock)
+            elif renew_due <= now + lock.renew_every * _TAKE_ALONG:
+                soon.append(lock)
+        return due + soon if due else due
+
+    def _renew(self, due: list[Lock], now: float, nearest: float) -> None:
+        """Renew ``due`` in one call; ``nearest`` is the first local deadline of any lease."""
         batch = []
+        deferred = self._deferred
         for lock in due:
             if lock.try_begin_call():
                 batch.append(lock)
-                self._deferred.pop(id(lock), None)
+                if deferred:
+                    deferred.pop(id(lock), None)
             else:  # a manual renew or release is using it: look again soon, do not spin
-                self._deferred[id(lock)] = now + _BUSY_RETRY
+                deferred[id(lock)] = now + _BUSY_RETRY
         try:
-            pairs = [(lock, op) for lock in batch if (op := lock.renew_op()) is not None]
-            if pairs:
-                self._send(pairs)
+            sending, ops = self._renew_ops(batch)
+            if ops:
+                self._send(sending, ops, nearest)
         finally:
             for lock in batch:
                 lock.end_call()
 
-    def _send(self, pairs: list[tuple[Lock, dict[str, Any]]]) -> None:
-        """Renew ``pairs`` in one call (their calls begun) without blocking past a deadline."""
+    def _renew_ops(self, batch: list[Lock]) -> tuple[list[Lock], list[dict[str, Any]]]:
+        """The leases of ``batch`` that hold, and their renew ops in the same order.
+
+        A lease whose op cannot be built (a bug, or a handle set to garbage) fails alone,
+        as a failed renew: retried until its deadline while the others are renewed.
+        """
+        sending: list[Lock] = []
+        ops: list[dict[str, Any]] = []
+        for lock in batch:
+            try:
+                op = lock.renew_op()
+            except Exception as exc:
+                log.error("queen_sync renewer tick failed for lock %r; retrying it before "
+                          "its deadline: %r", lock.name, exc)
+                self._client.metrics.count("renew_error")
+                lock.renewal_failed(self._client.clock.monotonic())
+                continue
+            if op is not None:
+                sending.append(lock)
+                ops.append(op)
+        return sending, ops
+
+    def _send(self, locks: list[Lock], ops: list[dict[str, Any]], nearest: float) -> None:
+        """Send ``ops`` renewing ``locks`` (their calls begun) in one call, without blocking
+        past a deadline; ``nearest`` is the first local deadline of any lease."""
         clock = self._client.clock
         sent_at = clock.monotonic()
         self.calls += 1
-        ops = [op for _, op in pairs]
-        call = self._await(_Call(lambda: self._client.call_locks(ops)).start())
+        call = self._await(_Call(lambda: self._client.call_locks(ops)).start(), nearest)
         if call.error is not None:
-            self._failed([lock for lock, _ in pairs], call.error)
+            self._failed(locks, call.error)
             return
         self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
         late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
-                for (lock, _), answer in zip(pairs, call.value)
+                for lock, answer in zip(locks, call.value)
                 if not lock.apply_renewal(answer, sent_at) and answer.get("renewed")]
         if late:
             self._give_back(late)
 
-    def _await(self, call: _Call) -> _Call:
-        """Wait for ``call``, waking at each local deadline to mark those leases lost."""
+    def _await(self, call: _Call, nearest: float) -> _Call:
+        """Wait for ``call``, waking at each local deadline to mark those leases lost.
+
+        ``nearest`` is the first deadline when the call started: a deadline only moves
+        later or goes with its lease, so the first wait needs no pass over every lease.
+        """
         clock = self._client.clock
         while not call.done.is_set():
-            now = clock.monotonic()
-            live = self._expire(now)
-            nearest = min((lock.deadline for lock in live), default=now + _IDLE_CHECK)
-            clock.wait(call.done, nearest - now)
+            clock.wait(call.done, nearest - clock.monotonic())
+            if not call.done.is_set():
+                _, nearest = self._expire(clock.monotonic())
         return call
 
     def _failed(self, locks: list[Lock], error: BaseException) -> None:
@@ -230,7 +280,8 @@ class Renewer:
 
     def _give_back(self, ops: list[dict[str, Any]]) -> None:
         """Release permits renewed by answers that came after their leases' deadlines."""
-        call = self._await(_Call(lambda: self._client.call_locks(ops)).start())
+        nearest = self._expire(self._client.clock.monotonic())[1]
+        call = self._await(_Call(lambda: self._client.call_locks(ops)).start(), nearest)
         if call.error is not None:
             log.warning("could not give back %d permit(s) renewed too late; they expire by "
                         "themselves: %r", len(ops), call.error)
@@ -254,8 +305,7 @@ class Renewer:
         for lock in locks:
             (claimed if lock.try_begin_call() else busy).append(lock)
         try:
-            pairs = [(lock, op) for lock in claimed if (op := lock.begin_release()) is not None]
-            tally.done += len(claimed) - len(pairs)  # held nothing: nothing to give back
+            pairs = self._release_ops(claimed, tally)
             if pairs:
                 self._send_releases(pairs, tally)
         finally:
@@ -267,6 +317,26 @@ class Renewer:
                 tally.done += 1
             except Exception as exc:
                 tally.error = exc
+
+    @staticmethod
+    def _release_ops(claimed: list[Lock], tally: GiveBack) -> list[tuple[Lock, dict[str, Any]]]:
+        """The release op of each lease of ``claimed`` that holds, each with its lease.
+
+        A handle whose op cannot be built (set to garbage) is counted in ``tally`` and
+        left out, so that the others are still given back.
+        """
+        pairs = []
+        for lock in claimed:
+            try:
+                op = lock.begin_release()
+            except Exception as exc:
+                tally.error = exc
+                continue
+            if op is None:
+                tally.done += 1  # held nothing: nothing to give back
+            else:
+                pairs.append((lock, op))
+        return pairs
 
     def _send_releases(self, pairs: list[tuple[Lock, dict[str, Any]]], tally: GiveBack) -> None:
         try:
@@ -282,8 +352,12 @@ class Renewer:
                 tally.error = exc
 
     def _next_wake(self, now: float) -> float:
-        times = [min(max(lock.renew_due, self._deferred.get(id(lock), 0.0)), lock.deadline)
-                 for lock in self.held()]
+        deferred = self._deferred
+        if deferred:
+            times = [min(max(lock.renew_due, deferred.get(id(lock), 0.0)), lock.deadline)
+                     for lock in self.held()]
+        else:  # the usual case, without a lookup per lease
+            times = [min(lock.renew_due, lock.deadline) for lock in self.held()]
         return max(0.0, min(times, default=now + _IDLE_CHECK) - now)
 
     def _loop(self) -> None:
