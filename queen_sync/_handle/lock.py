@@ -31,7 +31,7 @@ from .._errors import (
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
 from .._results import Holder, RunResult, holders_from_wire
-from .interrupts import interrupts_held
+from .interrupts import block_closed, block_opened, bookkeeping, interrupts_held
 
 if TYPE_CHECKING:
     from .._engines.base import Engine
@@ -628,12 +628,10 @@ class Lock:
         Inside a block of this handle it nests (see the class docstring); while another
         thread is inside one, it waits for it within ``wait`` or returns ``acquired=False``.
         """
-        if self._enter_block() != "in":
-            return RunResult(acquired=False, holders=self._holders)
-        try:
+        with _RunBlock(self) as entered:  # a with: no point between entry and its cleanup
+            if not entered:
+                return RunResult(acquired=False, holders=self._holders)
             value = fn(*args, **kwargs)
-        finally:
-            self._exit_block()
         return RunResult(acquired=True, value=value)
 
     def __enter__(self) -> Lock:
@@ -648,6 +646,7 @@ class Lock:
                                    name=self.name, holders=self._holders)
         return self
 
+    @bookkeeping
     def __exit__(self, *exc_info: Any) -> None:
         with interrupts_held():
             if self._blocks > 0 and self._pid == os.getpid():
@@ -682,8 +681,7 @@ class Lock:
                 steps.append(_current.set(self))
                 self._contexts.append(steps[-1])
         except BaseException:
-            with interrupts_held():
-                self._unwind_entry(steps)
+            self._unwind_entry(steps)
             raise
         return "in"
 
@@ -691,13 +689,14 @@ class Lock:
         """Count this thread in, waiting (within ``wait``) while another thread is inside."""
         me = threading.current_thread()
         deadline = time.monotonic() + self._default_wait
-        with self._gate:
-            while True:
-                with interrupts_held():
-                    turn = self._claim(me)
-                    if turn != "wait":
-                        steps.append(True)
-                        return turn
+        while True:
+            # Held per pass, the gate's exit included: Ctrl-C there would leave it locked.
+            # Ctrl-C while waiting is raised when the pass ends, within one owner check.
+            with interrupts_held(), self._gate:
+                turn = self._claim(me)
+                if turn != "wait":
+                    steps.append(True)
+                    return turn
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._holders = ()
@@ -710,6 +709,8 @@ class Lock:
         owner = self._owner_thread
         if owner is not None and owner is not me and owner.is_alive():
             return "wait"
+        if owner is not me:  # first: a Ctrl-C before SIGINT is ours has changed nothing yet
+            block_opened(id(self))
         abandoned = owner is not None and owner is not me
         if abandoned:  # its blocks will never exit
             self._blocks = 0
@@ -718,8 +719,13 @@ class Lock:
         self._blocks += 1
         return "abandoned" if abandoned else "in"
 
+    @bookkeeping
     def _unwind_entry(self, steps: list[Any]) -> None:
         """Undo the ``steps`` of an entry cut short (an error, or Ctrl-C anywhere in it)."""
+        with interrupts_held():
+            self._undo_steps(steps)
+
+    def _undo_steps(self, steps: list[Any]) -> None:
         if len(steps) > 1:
             if self._contexts and self._contexts[-1] is steps[1]:
                 self._contexts.pop()
@@ -732,6 +738,7 @@ class Lock:
             log.warning("could not give back lock %r after a failed entry; it expires by "
                         "itself", self.name, exc_info=True)
 
+    @bookkeeping
     def _exit_block(self) -> None:
         with interrupts_held():
             if self._contexts:
@@ -752,6 +759,7 @@ class Lock:
             with self._gate:
                 self._owner_thread = None
                 self._gate.notify()
+            block_closed(id(self))  # after the gate's exit: SIGINT may be Python's again
 
     # ---- processes ---------------------------------------------------------------------
 
@@ -797,3 +805,23 @@ class Lock:
         from .._notebook.html import lock_html
 
         return lock_html(self)
+
+
+class _RunBlock:
+    """``run``'s block as a context manager: its exit is bookkeeping, so Ctrl-C cannot skip it."""
+
+    __slots__ = ("_entered", "_lock")
+
+    def __init__(self, lock: Lock) -> None:
+        self._lock = lock
+        self._entered = False
+
+    def __enter__(self) -> bool:
+        self._entered = self._lock._enter_block() == "in"
+        return self._entered
+
+    @bookkeeping
+    def __exit__(self, *exc_info: Any) -> None:
+        with interrupts_held():
+            if self._entered:
+                self._lock._exit_block()
