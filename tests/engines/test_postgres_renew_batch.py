@@ -183,8 +183,9 @@ def _renew_of(data: st.DataObject, name: str,
     version = 10 * (index + 1) if index is not None else 10
     floor = rows[index][5] if index is not None else None
     at_floor = version - (floor if floor is not None else 3)  # what its last renew presented
-    token = data.draw(st.sampled_from([version, version, at_floor, at_floor, version - 2,
-                                       version + 10, 999]))
+    # A token below 1 is refused by the op check before either path runs: not drawn.
+    token = data.draw(st.sampled_from([t for t in (version, version, at_floor, at_floor,
+                                                    version - 2, version + 10, 999) if t >= 1]))
     return {"op": "renew", "name": name, "slot": slot, "token": token, "ttlSeconds": 30,
             "owner": data.draw(st.sampled_from(["me", "me", "alice", "5"]))}
 
