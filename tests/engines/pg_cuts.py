@@ -1,7 +1,8 @@
-"""Cutting the PostgreSQL connection just after a statement ran, before its answer arrives.
+"""What travels on the engine's PostgreSQL connections: recording each trip, cutting one.
 
-The one-statement calls commit as they end, so this is the moment whose outcome the
-client cannot know: the tests check what the engine answers on its retry.
+Cutting the connection just after a statement ran, before its answer arrives, is the
+moment whose outcome the client cannot know (the one-statement calls commit as they
+end): the tests check what the engine answers on its retry.
 """
 
 from __future__ import annotations
@@ -30,3 +31,21 @@ def cut_after_first(monkeypatch: pytest.MonkeyPatch, *markers: str) -> list[str]
 
     monkeypatch.setattr(psycopg.ClientCursor, "execute", run_then_cut)
     return cut
+
+
+def record_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every script the engines send from now on, one entry per round trip.
+
+    A pool's new connection PREPAREs its statements in the pool's own thread at any
+    moment; that is not a body's trip, so it is left out.
+    """
+    sent: list[str] = []
+    real_execute = psycopg.ClientCursor.execute
+
+    def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if not str(query).startswith("PREPARE"):
+            sent.append(str(query))
+        return real_execute(cursor, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
+    return sent

@@ -22,6 +22,7 @@ if not require_pg():
     pytest.importorskip("psycopg")
 import psycopg
 import psycopg_pool
+from pg_cuts import record_trips
 
 import queen_sync as qs
 from queen_sync._engines.base import Engine
@@ -643,16 +644,7 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     A pool's new connection PREPAREs its statements in the pool's own thread at any
     moment; that is not a body's trip, so it is left out.
     """
-    sent: list[str] = []
-    real_execute = psycopg.ClientCursor.execute
-
-    def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if not str(query).startswith("PREPARE"):
-            sent.append(str(query))
-        return real_execute(cursor, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
-    return sent
+    return record_trips(monkeypatch)
 
 
 def kv_table(url: str) -> str:

@@ -26,7 +26,7 @@ from pg_server import PgServer, require_pg, shared_server
 if not require_pg():
     pytest.importorskip("psycopg")
 import psycopg
-from pg_cuts import cut_after_first
+from pg_cuts import cut_after_first, record_trips
 
 from queen_sync import QueenError
 from queen_sync._engines.postgres.engine import PostgresEngine
@@ -62,16 +62,7 @@ def engine(server: PgServer) -> Iterator[PostgresEngine]:
 @pytest.fixture
 def scripts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every body's script sent from now on, one entry per round trip (PREPAREs left out)."""
-    sent: list[str] = []
-    real_execute = psycopg.ClientCursor.execute
-
-    def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if not str(query).startswith("PREPARE"):
-            sent.append(str(query))
-        return real_execute(cursor, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
-    return sent
+    return record_trips(monkeypatch)
 
 
 def _acquire(engine: PostgresEngine, owner: str, limit: int = 1,

@@ -25,7 +25,7 @@ from pg_server import PgServer, require_pg, shared_server
 if not require_pg():
     pytest.importorskip("psycopg")
 import psycopg
-from pg_cuts import cut_after_first
+from pg_cuts import cut_after_first, record_trips
 
 from queen_sync._engines.postgres.engine import LOCKS_PER_TRANSACTION, PostgresEngine
 
@@ -61,16 +61,7 @@ def engine(server: PgServer) -> Iterator[PostgresEngine]:
 @pytest.fixture
 def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every script sent from now on, one entry per round trip (PREPAREs left out)."""
-    sent: list[str] = []
-    real_execute = psycopg.ClientCursor.execute
-
-    def recording(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if not str(query).startswith("PREPARE"):
-            sent.append(str(query))
-        return real_execute(cursor, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
-    return sent
+    return record_trips(monkeypatch)
 
 
 def _locks(engine: PostgresEngine, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
