@@ -9,6 +9,11 @@ after a fork beside one after an idle pause as long as a fork (the parent reconn
 SQLite then: no connection of its stays open across a fork). That a child which makes
 no call touches no store is tested (tests/handle/test_fork_touches_nothing.py).
 
+The file changes because closing the last connection of a WAL database checkpoints the
+WAL into it (and removes the WAL). The script shows what that costs: the parent's
+``os.fork()`` with its client the file's only user, beside the same while another
+process keeps a connection open (no checkpoint then), in interleaved rounds.
+
     python benchmarks/bench_fork.py [--rounds N]
 """
 
@@ -125,7 +130,58 @@ def main() -> None:
     print(f"no client !true {bare_ms:6.2f} ms (median of {rounds} rounds)")
     for kind, found in figures.items():
         report(kind, found, bare_ms, rounds)
+    report_checkpoint_share(rounds)
     print(f"load average after: {os.getloadavg()}")
+
+
+def fork_ms(q: qs.Queen, path: str) -> tuple[float, bool]:
+    """One ``os.fork()`` in the parent after a write, and whether the file changed across it."""
+    lease = q.lock("probe-written", ttl=60)
+    lease.acquire()
+    lease.release()
+    before = file_look(path)
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    taken = (time.perf_counter() - started) * 1000
+    os.waitpid(pid, 0)
+    return taken, file_look(path) != before
+
+
+@contextlib.contextmanager
+def connection_elsewhere(path: str) -> Iterator[None]:
+    """Another process with an idle connection open on ``path``, until the block ends."""
+    code = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('SELECT count(*) FROM queen_kv').fetchone(); print(flush=True); "
+            "sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # connected
+        yield
+    finally:
+        proc.communicate(timeout=10)
+
+
+def report_checkpoint_share(rounds: int) -> None:
+    """The parent's fork as the file's only user (checkpoint) beside one with a neighbour."""
+    alone: list[tuple[float, bool]] = []
+    beside: list[tuple[float, bool]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "queen.db")
+        with qs.Queen("sqlite://" + path, renew_thread=False) as q:
+            for _ in range(max(1, rounds // 10)):  # interleaved: ten forks each way per round
+                alone.extend(fork_ms(q, path) for _ in range(10))
+                with connection_elsewhere(path):
+                    beside.extend(fork_ms(q, path) for _ in range(10))
+    alone_ms = statistics.median(t for t, _ in alone)
+    beside_ms = statistics.median(t for t, _ in beside)
+    print(f"sqlite  os.fork() {alone_ms:5.2f} ms as the file's only user (file changed across "
+          f"{sum(c for _, c in alone) / len(alone):.0%} of forks), {beside_ms:5.2f} ms while "
+          f"another process keeps a connection open ({sum(c for _, c in beside) / len(beside):.0%}"
+          f"): the checkpoint on close costs {alone_ms - beside_ms:4.2f} ms per fork")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ Starts a throwaway server with the tests' helper (``tests/pg_server.py``: it nee
 
 1. uncontended acquire+release pairs/s: a ``Lock`` handle and the ``q.locks`` wire,
    beside ``pg_try_advisory_lock``/``pg_advisory_unlock`` on one connection, the
-   engine's own SQL for one pair replayed with none of its Python, a lease done as one
-   bare SQL statement per call (the ceiling of any design with a durable acquire), and
-   two trivial round trips (the floor of any two-call pair);
+   engine's own SQL for one pair replayed with none of its Python, this engine's design
+   done in bare SQL (one trip a call: the name's lock, a row inserted with a token drawn
+   under it, committed durably; the release not waiting for the disk: this
+   design's ceiling), a lease done as one bare SQL statement per call (the ceiling of any
+   design with a durable acquire), and two trivial round trips (the floor of any two-call
+   pair);
 2. hand-off latency: one process releases, another waiting in ``acquire(wait=...)``
    (woken by LISTEN/NOTIFY) holds it; beside a waiter blocked in ``pg_advisory_lock``;
 3. takeover after the holder is SIGKILLed (ttl 2 s), from the kill;
@@ -32,6 +35,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import psycopg
+from psycopg.pq import ExecStatus
 
 import queen_sync as qs
 from queen_sync._ops import LockOps  # op builders: a measurement, not an API
@@ -45,14 +49,27 @@ RAW_KEY = 424242
 # ---- 1. uncontended pairs/s --------------------------------------------------------------
 
 
+def _send(cur: psycopg.Cursor[Any], statements: list[tuple[str, Any]], answering: int = -1
+          ) -> list[Any]:
+    """Statements as one query string, one round trip; the rows of the one at ``answering``."""
+    cur.execute("; ".join(s for s, _ in statements), [p for _, ps in statements for p in ps])
+    results = []
+    while True:
+        returned = cur.pgresult is not None and cur.pgresult.status == ExecStatus.TUPLES_OK
+        results.append(cur.fetchall() if returned else [])
+        if not cur.nextset():
+            return results[answering]
+
+
 @contextlib.contextmanager
 def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
-    """The engine's SQL for one pair, sent bare: its one-statement acquire, then the
-    one-trip guarded release of the permit it returned.
+    """The engine's SQL for one pair, sent bare: its one-trip acquire, then the one-trip
+    guarded release of the permit it returned.
 
     What is left between this and the handle is our Python and the driver's. Reaches
     into the engine's private statements; a measurement, not an API.
     """
+    from queen_sync._engines.postgres.scripted import one_trip_script
     from queen_sync._engines.postgres.sql import ASYNC_COMMIT
     from queen_sync._engines.postgres.txn import entity_key
 
@@ -60,27 +77,51 @@ def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
     sql = storage.sql
     q.locks.get("replayed")  # the schema is made, and the connection prepared
     lock = (sql.lock, (sql.lock_class, entity_key("Lreplayed")))
-    value = '{"owner":"replayer","limit":1}'
-    acquire = (sql.acquire_scripted, ("queen-locks", "replayed#", "replayed$", 1, "replayer",
-                                      value, 30_000))
+    acquire = one_trip_script(sql, {"op": "acquire", "name": "replayed", "ttlSeconds": 30,
+                                    "owner": "replayer"})
     with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
         conn.execute(sql.prepare)
         cur = conn.cursor()
 
-        def send(statements: list[tuple[str, Any]]) -> list[Any]:
-            params = [p for _, ps in statements for p in ps]
-            cur.execute("; ".join(s for s, _ in statements), params)
-            while cur.nextset():
-                pass
-            return cur.fetchall()
-
         def replay_pair() -> None:
-            now, key, token = send([lock, acquire])[0][:3]
+            now, key, token = _send(cur, acquire)[0][:3]
             guard = (sql.guard_row, ("queen-locks", key, token, now + 30_000, now, now, None, now))
-            send([(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
-                  (sql.notify, (sql.channel, "replayed"))])
+            _send(cur, [(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
+                        (sql.notify, (sql.channel, "replayed"))])
 
         yield replay_pair
+
+
+DESIGN_DDL = (
+    "CREATE TABLE IF NOT EXISTS bench_design (name text PRIMARY KEY, owner text NOT NULL,"
+    " token bigint NOT NULL, expires_at timestamptz NOT NULL)")
+# This engine's design with none of its generality: the name's lock, a row inserted with a
+# token drawn under it, one implicit transaction committed durably as it ends.
+DESIGN_ACQUIRE = (
+    "SELECT pg_advisory_xact_lock(%s);"
+    " INSERT INTO bench_design VALUES (%s, %s, nextval('bench_token'), now() + interval '30 s')"
+    " ON CONFLICT DO NOTHING RETURNING token")
+# The row deleted under the name's lock if still at the token, waiters told, no wait for disk.
+DESIGN_RELEASE = (
+    "SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(%s);"
+    " DELETE FROM bench_design WHERE name = %s AND token = %s RETURNING 1;"
+    " SELECT pg_notify('bench_design', %s)")
+
+
+def design_pair(conn: psycopg.Connection[Any]) -> Callable[[], None]:
+    """A lease as this engine's design does it in bare SQL: one trip a call, the acquire
+    answered after a durable commit, the release not waiting for the disk."""
+    conn.execute(ONE_STATEMENT_DDL)
+    conn.execute(DESIGN_DDL)
+    cur = psycopg.ClientCursor(conn)
+
+    def pair() -> None:
+        token = _send(cur, [(DESIGN_ACQUIRE, (RAW_KEY, "design", "me"))], 1)
+        if not token:
+            raise RuntimeError("the design's lease was not free")
+        _send(cur, [(DESIGN_RELEASE, (RAW_KEY, "design", token[0][0], "design"))])
+
+    return pair
 
 
 ONE_STATEMENT_DDL = (
@@ -111,8 +152,15 @@ def one_statement_pair(conn: psycopg.Connection[Any]) -> Callable[[], None]:
     return pair
 
 
-def bench_pairs(url: str, seconds: float) -> None:
-    print("1. uncontended acquire+release pairs/s, interleaved rounds")
+PAIR_LINES = (("handle", "Lock handle (auto-renewed)"), ("wire", "q.locks wire"),
+              ("replayed", "its SQL replayed, no Python"),
+              ("design", "this design in bare SQL"),
+              ("one", "one bare statement per call"), ("raw", "raw pg_try_advisory_lock"),
+              ("floor", "two trivial round trips"))
+
+
+def measure_pairs(url: str, seconds: float) -> dict[str, float]:
+    """Pairs/s of every contender of ``PAIR_LINES``, in interleaved rounds on one server."""
     with qs.Queen(url) as q, psycopg.connect(url, autocommit=True) as conn, \
             replayed_pair(q, url) as replay:
 
@@ -124,29 +172,31 @@ def bench_pairs(url: str, seconds: float) -> None:
             conn.execute("SELECT 1").fetchone()
             conn.execute("SELECT 1").fetchone()
 
-        measured = m.rates({**m.queen_pairs(q), "replayed": replay, "raw": raw_pair,
-                            "one": one_statement_pair(conn), "floor": floor_pair},
-                           seconds * 3, batch=50)
-    handle, wire, replayed, raw, one, floor = (
-        measured[k] for k in ("handle", "wire", "replayed", "raw", "one", "floor"))
-    for label, value in (("Lock handle (auto-renewed)", handle), ("q.locks wire", wire),
-                         ("its SQL replayed, no Python", replayed),
-                         ("one bare statement per call", one),
-                         ("raw pg_try_advisory_lock", raw),
-                         ("two trivial round trips", floor)):
-        print(f"   {label:30s} {value:10,.0f} pairs/s")
+        return m.rates({**m.queen_pairs(q), "replayed": replay, "design": design_pair(conn),
+                        "raw": raw_pair, "one": one_statement_pair(conn), "floor": floor_pair},
+                       seconds * 3, batch=50)
+
+
+def bench_pairs(url: str, seconds: float) -> None:
+    print("1. uncontended acquire+release pairs/s, interleaved rounds")
+    measured = measure_pairs(url, seconds)
+    for key, label in PAIR_LINES:
+        print(f"   {label:30s} {measured[key]:10,.0f} pairs/s")
     print(f"   ({m.load_average()})")
+    handle, wire, design, raw = (measured[k] for k in ("handle", "wire", "design", "raw"))
     m.row("pairs/s, Lock handle", f"{handle:,.0f}", f"{handle / raw:.2f}x raw advisory",
-        ">= 1,333", handle >= 1333)
+          ">= 1,333", handle >= 1333)
     m.row("pairs/s, q.locks wire", f"{wire:,.0f}", f"{wire / raw:.2f}x raw advisory", ">= 1,333",
-        wire >= 1333)
-    m.row("pairs/s, SQL replayed", f"{replayed:,.0f}", f"{replayed / raw:.2f}x raw advisory",
-          "(ceiling)", None)
-    m.row("pairs/s, one statement a call", f"{one:,.0f}", f"{one / raw:.2f}x raw advisory",
-          "(ceiling)", None)
+          wire >= 1333)
+    for key, metric, note in (("replayed", "SQL replayed", "(ceiling)"),
+                              ("design", "this design, bare SQL", "(its ceiling)"),
+                              ("one", "one statement a call", "(ceiling)"),
+                              ("floor", "two trivial trips", "(floor)")):
+        value = measured[key]
+        m.row(f"pairs/s, {metric}", f"{value:,.0f}", f"{value / raw:.2f}x raw advisory", note,
+              None)
     m.row("pairs/s, raw advisory lock", f"{raw:,.0f}", "baseline (no lease, no token)", "", None)
-    m.row("pairs/s, two trivial trips", f"{floor:,.0f}", f"{floor / raw:.2f}x raw advisory",
-          "(floor)", None)
+    m.row("Lock handle / this design", f"{handle / design:.2f}x", m.load_average(), "", None)
     m.row("Lock handle / raw advisory", f"{handle / raw:.2f}x", m.load_average(), ">= 0.5x",
           handle / raw >= 0.5)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from typing import (
@@ -25,6 +24,7 @@ from ._engines.base import Capabilities, Engine
 from ._errors import ProtocolError, QueenError
 from ._handle.kv import Kv
 from ._handle.lock import Lock
+from ._handle.losses import LossDispatcher
 from ._handle.renewer import GiveBack, Renewer
 from ._handle.transaction import Transaction
 from ._metrics import Metrics
@@ -172,10 +172,7 @@ class Queen:
         self.renewer = Renewer(self._caller)
         self.locks = Locks(self)
         self.kv = Kv(self._caller)
-        self._dispatch_queue: queue.SimpleQueue[tuple[Callable[[str], Any], str]] = (
-            queue.SimpleQueue())
-        self._dispatcher: Optional[threading.Thread] = None
-        self._dispatch_mutex = threading.Lock()
+        self._losses = LossDispatcher()
         track(self, close=self.close, after_fork_in_child=self._after_fork_in_child)
 
     # ---- handles -----------------------------------------------------------------------
@@ -313,28 +310,17 @@ class Queen:
 
     # ---- loss handlers, off the renewer thread -------------------------------------------
 
-    def _dispatch(self, handler: Callable[[str], Any], reason: str) -> None:
-        self._dispatch_queue.put((handler, reason))
-        with self._dispatch_mutex:
-            if self._dispatcher is None:
-                self._dispatcher = threading.Thread(target=self._run_handlers,
-                                                    name="queen_sync-on-lost", daemon=True)
-                self._dispatcher.start()
+    def _dispatch(self, handler: Callable[[str], Any], reason: str,
+                  lease: Optional[object] = None) -> None:
+        self._losses.dispatch(handler, reason, lease)
 
-    def _run_handlers(self) -> None:
-        while True:
-            try:
-                handler, reason = self._dispatch_queue.get(timeout=0.5)
-            except queue.Empty:
-                with self._dispatch_mutex:
-                    if self._dispatch_queue.empty():
-                        self._dispatcher = None
-                        return
-                continue
-            try:
-                handler(reason)
-            except BaseException:  # even SystemExit: later handlers must still run
-                log.exception("an on_lost handler raised; other handlers and renewal go on")
+    def _drain_loss_handlers(self, deadline: float) -> None:
+        # Before the engine closes: a cleanup handler may still need it.
+        left = self._losses.drain(deadline - time.monotonic())
+        if left:
+            log.warning("closing %s with the loss handlers of %d lease(s) still running; "
+                        "they go on in daemon threads, which do not delay exit",
+                        self.url, left)
 
     # ---- process life ------------------------------------------------------------------
 
@@ -343,7 +329,9 @@ class Queen:
 
         Leases are released in batches (a few engine calls for thousands), and no batch
         starts after ``timeout`` seconds. What is not given back is told in one warning;
-        those permits expire by themselves within their TTL.
+        those permits expire by themselves within their TTL. Then ``on_lost`` handlers
+        still queued or running get what is left of ``timeout`` to end (not when called
+        from one of them); those that do not are told in one warning and left running.
         """
         started = time.monotonic()
         with self._acquires_done:
@@ -363,6 +351,7 @@ class Queen:
                      max(0.0, deadline - time.monotonic()))
             if tally.left:
                 log.warning("%s", tally.summary(f"closing {self.url} within {timeout:g}s"))
+        self._drain_loss_handlers(started + timeout)
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
@@ -371,9 +360,7 @@ class Queen:
         self._acquires = 0  # the parent's threads in flight are not in this process
         self._acquires_done = threading.Condition(threading.Lock())
         self.renewer.after_fork()
-        self._dispatch_queue = queue.SimpleQueue()
-        self._dispatcher = None
-        self._dispatch_mutex = threading.Lock()
+        self._losses = LossDispatcher()  # the parent's handler threads are not in this process
         self.metrics = Metrics()
         self._engine.after_fork()
 
@@ -457,8 +444,9 @@ class _HandleCaller:
     def call_transaction(self, body: dict[str, Any]) -> Result:
         return self._client._call_transaction(body)
 
-    def dispatch(self, handler: Callable[[str], Any], reason: str) -> None:
-        self._client._dispatch(handler, reason)
+    def dispatch(self, handler: Callable[[str], Any], reason: str,
+                 lease: Optional[object] = None) -> None:
+        self._client._dispatch(handler, reason, lease)
 
 
 def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Queen:

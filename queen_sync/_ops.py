@@ -96,7 +96,7 @@ def check_name(name: Any) -> str:
     if "#" in name:
         raise _lock_error(f"lock name {name!r} contains '#', which separates name and slot")
     _remember(_GOOD_NAMES, name)
-    return str(name)
+    return str.__str__(name)  # the text checked: a subclass's own __str__ may differ
 
 
 def check_owner(owner: Any) -> str:
@@ -104,7 +104,7 @@ def check_owner(owner: Any) -> str:
         return owner
     checked = _text(owner, "owner", max_bytes=256, error=_lock_error)
     _remember(_GOOD_OWNERS, checked)
-    return checked
+    return str.__str__(checked)  # a plain str: a subclass could answer == as it likes
 
 
 def mint_owner() -> str:

@@ -241,7 +241,8 @@ def lock_internals() -> frozenset[str]:
 
 # What an application may call on a Lock: the API page documents exactly these.
 LOCK_API = frozenset({
-    "token", "ttl_seconds", "slot", "held", "remaining", "holders", "last_token", "engine_url",
+    "name", "owner", "ttl", "token", "ttl_seconds", "slot", "held", "remaining", "holders",
+    "last_token", "engine_url",
     "acquire", "renew", "release", "on_lost", "guard", "check", "verify", "fence", "run",
 })
 

@@ -151,6 +151,8 @@ class CheckedLockOps:
 
 def checked_lock_ops(ops: Sequence[Any]) -> CheckedLockOps:
     """Validate a locks body's ops (raising at the first bad one) and mint missing owners."""
+    if len(ops) == 1:  # a handle's every call: no loop and no list to build
+        return CheckedLockOps((_with_owner(check_lock_op(ops[0])),))
     for op in ops:
         check_lock_op(op)
     return CheckedLockOps(tuple([_with_owner(op) for op in ops]))
@@ -297,6 +299,14 @@ def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _release(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
+    at_slot = getattr(step.txn, "delete_live_at", None) if "slot" in op else None
+    if at_slot is not None:
+        # The rule below, for the one permit the op names, as one statement of the storage.
+        if not at_slot(LOCKS_NS, permit_key(op["name"], op["slot"]), op["token"],
+                       now_ms=step.now):
+            return {"released": False, "reason": "lost"}
+        step.txn.freed(op["name"])
+        return {"released": True}
     for _slot, row in _candidates(step, op):
         # The token the last renew presented releases too: that renew's answer may never
         # have reached its owner, who would otherwise strand the permit until its TTL.

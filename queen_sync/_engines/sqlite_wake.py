@@ -1,9 +1,11 @@
 """Cross-process wake-up on release for the SQLite engine.
 
-A waiter binds a Unix datagram socket in a folder private to this user and
-database; a process that frees a permit sends one byte to every socket bound for
-that lock name. That turns a hand-off into a wake-up instead of a poll period,
-while waiters still time out and retry, so a lost datagram only costs latency.
+A waiter binds a Unix datagram socket in a folder private to this (effective) user and
+database, in a subfolder of its lock name; a process that frees a permit sends one
+byte to every socket in the subfolders of the names it freed, so a release reads
+the waiters of its names and no others. That turns a hand-off into a wake-up instead
+of a poll period, while waiters still time out and retry, so a lost datagram only
+costs latency. The last waiter of a name to leave removes the name's subfolder.
 
 The folder lies under a directory other users may write to (the temp directory,
 when cron leaves ``XDG_RUNTIME_DIR`` unset), so every folder on its path is checked
@@ -64,7 +66,7 @@ def _check_base(path: str) -> None:
     while True:
         info = os.stat(here)
         shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if info.st_uid not in (0, os.getuid()) or (shared and not info.st_mode & stat.S_ISVTX):
+        if info.st_uid not in (0, os.geteuid()) or (shared and not info.st_mode & stat.S_ISVTX):
             raise _UnsafeFolderError(f"{here} may be changed by another user")
         parent = os.path.dirname(here)
         if parent == here:
@@ -78,10 +80,36 @@ def _private_folder(path: str, *, create: bool) -> os.stat_result:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
     info = os.lstat(path)
-    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid()
             or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
         raise _UnsafeFolderError(f"{path} is not a folder private to this user")
     return info
+
+
+_BIND_ATTEMPTS = 3
+
+
+def _bind_in(sock: socket.socket, folder: str, path: str) -> None:
+    """Bind ``sock`` at ``path``, making its ``folder`` (0700) first if it is missing.
+
+    The last waiter of a name may remove the folder between our making it and binding,
+    so a bind that finds no folder makes it again; a bound socket keeps it from removal.
+    """
+    for attempt in range(_BIND_ATTEMPTS):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        try:
+            sock.bind(path)
+            return
+        except FileNotFoundError:
+            if attempt == _BIND_ATTEMPTS - 1:
+                raise
+
+
+def _remove_if_empty(folder: str) -> None:
+    """Remove a name's folder that no waiter's socket is in (one still in use stays)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 class WakeChannel:
@@ -91,7 +119,9 @@ class WakeChannel:
 
     def __init__(self, db_path: str) -> None:
         self._base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        self._user_folder = os.path.join(self._base, f"queen_sync-{os.getuid()}")
+        # The effective user: the one a database's files must belong to, and the owner
+        # of every folder this process makes, whatever its real user is.
+        self._user_folder = os.path.join(self._base, f"queen_sync-{os.geteuid()}")
         self.folder = os.path.join(self._user_folder, _digest(db_path))
         self._sender: Optional[socket.socket] = None
         self._sender_pid = 0
@@ -135,7 +165,7 @@ class WakeChannel:
         except OSError:
             return False
         return ((info.st_dev, info.st_ino) == self._checked and stat.S_ISDIR(info.st_mode)
-                and info.st_uid == os.getuid()
+                and info.st_uid == os.geteuid()
                 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
     def _fall_back(self, why: str) -> None:
@@ -168,11 +198,14 @@ class WakeChannel:
         if not self._usable(create=True):
             yield _PollingWaiter()
             return
-        path = os.path.join(self.folder, f"{_digest(name)}.{os.getpid()}.{secrets.token_hex(4)}")
+        # Nobody else can make an entry in our private folder, so the name's subfolder,
+        # made by a process of ours, needs no check of its own.
+        name_folder = os.path.join(self.folder, _digest(name))
+        path = os.path.join(name_folder, f"{os.getpid()}.{secrets.token_hex(4)}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             try:
-                sock.bind(path)
+                _bind_in(sock, name_folder, path)
             except OSError as exc:  # e.g. a path longer than a socket address can hold
                 self._fall_back(str(exc))
                 waiter: Union[_SocketWaiter, _PollingWaiter] = _PollingWaiter()
@@ -183,18 +216,19 @@ class WakeChannel:
             sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            _remove_if_empty(name_folder)
 
     def notify(self, names: Sequence[str]) -> None:
         if not self._usable(create=False):
             return  # nobody has waited on this database yet, or the folder is not ours alone
-        try:
-            entries = list(os.scandir(self.folder))
-        except OSError:
-            return
-        prefixes = tuple(f"{_digest(n)}." for n in names)
-        for entry in entries:
-            if entry.name.startswith(prefixes):
-                self._send(entry.path)
+        for name in names:
+            try:
+                with os.scandir(os.path.join(self.folder, _digest(name))) as entries:
+                    paths = [entry.path for entry in entries]
+            except OSError:
+                continue  # no subfolder: nobody waits on this name
+            for path in paths:
+                self._send(path)
 
     def _send(self, path: str) -> None:
         sender = self._sender_socket()
@@ -203,6 +237,7 @@ class WakeChannel:
         except (ConnectionRefusedError, FileNotFoundError):
             with contextlib.suppress(OSError):
                 os.unlink(path)  # a waiter that died without cleaning up
+            _remove_if_empty(os.path.dirname(path))
         except OSError:
             pass  # its queue is full: it is awake already
 

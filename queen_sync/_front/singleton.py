@@ -51,6 +51,7 @@ from typing_extensions import Concatenate, ParamSpec
 from .._durations import Duration, lease_seconds, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
 from .._handle.lock import Lock, require_arbitration, wait_seconds
+from .._handle.losses import Reaction
 from .._ops import check_name
 from .._results import Result, describe_holders
 
@@ -68,6 +69,7 @@ OnLost = Union[Literal["interrupt", "exit", "ignore"], Callable[[Lock], Any]]
 # Exit code of a process ended because its lease was lost (on_lost="exit", queen-sync run):
 # distinct from 75 (busy), 1/2 (common failures), 126/127 (shell) and 128+n (signals).
 LOST_EXIT_CODE = 76
+EXIT_LOG_SECONDS = 1.0  # how long on_lost="exit" gives the log handlers before it exits anyway
 
 ONCE_NS = "queen-jobs"
 _ON_BUSY = ("skip", "raise", "wait")
@@ -275,7 +277,7 @@ def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
         react = action
         lock.on_lost(lambda _reason: react(lock))
     elif action == "exit":
-        lock.on_lost(lambda reason: _exit_lost(lock, reason))
+        lock.on_lost(Reaction(lambda reason: _exit_lost(lock, reason)))
     if action != "interrupt":
         yield
         return
@@ -297,12 +299,23 @@ def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
 
 
 def _exit_lost(lock: Lock, reason: str) -> None:
+    # The log handlers are the application's: a stuck one must not keep the body running.
+    teller = threading.Thread(target=_tell_exit, args=(lock, reason),
+                              name="queen_sync-exit-log", daemon=True)
+    try:
+        teller.start()
+    except RuntimeError:  # no thread can start: exit untold rather than risk a hang
+        os._exit(LOST_EXIT_CODE)
+    teller.join(EXIT_LOG_SECONDS)
+    os._exit(LOST_EXIT_CODE)
+
+
+def _tell_exit(lock: Lock, reason: str) -> None:
     log.critical("job %r lost its lease (%s); ending the process with exit code %d",
                  lock.name, reason, LOST_EXIT_CODE)
     for handler in logging.getLogger().handlers + log.handlers:
         with contextlib.suppress(Exception):
             handler.flush()
-    os._exit(LOST_EXIT_CODE)
 
 
 class _Interrupter:
@@ -326,7 +339,7 @@ class _Interrupter:
         self._previous = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, self._on_sigint)
         self._active = True
-        self._lock.on_lost(self._lost)
+        self._lock.on_lost(Reaction(self._lost))
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -7,7 +7,7 @@ a test can hand them any object that keeps these promises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol
 
 if TYPE_CHECKING:
     from .._clock import Clock
@@ -60,5 +60,9 @@ class Caller(Protocol):
 
     def call_transaction(self, body: dict[str, Any]) -> Result: ...
 
-    def dispatch(self, handler: Callable[[str], Any], reason: str) -> None:
-        """Run ``handler(reason)`` soon on the client's loss-handler thread, never here."""
+    def dispatch(self, handler: Callable[[str], Any], reason: str,
+                 lease: Optional[object] = None) -> None:
+        """Run ``handler(reason)`` soon on another thread, after ``lease``'s earlier ones.
+
+        Never on the calling thread; ``queen_sync._handle.losses`` says where and when.
+        """

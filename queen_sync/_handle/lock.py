@@ -2,8 +2,10 @@
 
 ``held`` is a belief with a deadline: the handle holds a token AND this machine's
 monotonic clock is before ``sent_at + ttl``, where ``sent_at`` is when the last
-successful acquire or renew was SENT. Counting from the send keeps the local
-deadline never later than the engine's. Past it, the work must be fenced out by
+successful acquire or renew was SENT and ``ttl`` the lifetime that op carried.
+Counting from the send keeps the local deadline never later than the engine's; an
+acquire answered with a permit granted earlier (``already``) is renewed at once, so
+that the deadline counts from a send this handle saw. Past it, the work must be fenced out by
 the token, because the engine may already have handed the permit to someone else.
 """
 
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from typing_extensions import ParamSpec
 
-from .._durations import Duration, parse_duration, renew_interval, wire_seconds
+from .._durations import Duration, lease_seconds, parse_duration, renew_interval, wire_seconds
 from .._errors import (
     EngineError,
     LockError,
@@ -102,7 +104,9 @@ class Lock:
     Blocks (``with lock:`` and ``lock.run``) nest: in the thread inside them, a
     block within a block sends nothing and the lease is released when the
     OUTERMOST block exits. An explicit ``release()`` inside blocks releases at
-    once; the outer exits then have nothing left to release. A handle also
+    once; the outer exits then have nothing left to release. A block nested in
+    one whose lease was lost raises ``LockLostError`` and takes nothing, so
+    that ``lost`` stays set for the outer block. A handle also
     excludes the other threads of this process: while one thread is inside a
     block, another thread's block entry waits for it within the handle's
     ``wait``; with no wait it does not get in (``with`` raises
@@ -129,14 +133,15 @@ class Lock:
         renew_every: Optional[Duration] = None,
         wait: Optional[Duration] = 0,
     ) -> None:
-        self.name = check_name(name)
+        self._name = check_name(name)
         self.limit = check_int(limit, "limit", low=1, high=MAX_LIMIT)
-        self.owner = check_owner(owner) if owner is not None else mint_owner()
+        self._owner = check_owner(owner) if owner is not None else mint_owner()
         self._explicit_owner = owner is not None
         self._pid = os.getpid()  # the process this handle's state and owner belong to
         if not isinstance(auto_renew, bool):
             raise TypeError("auto_renew must be True or False")
-        self.ttl = ttl
+        self._ttl = ttl
+        self._chosen_renew_every = renew_every  # None: a third of whatever the ttl becomes
         self.auto_renew = auto_renew
         self.renew_every = renew_interval(renew_every, ttl)
         self._default_wait = wait_seconds(wait)
@@ -149,6 +154,8 @@ class Lock:
         self._token: Optional[int] = None
         self._slot: Optional[int] = None
         self._sent_at = 0.0
+        self._lease_ttl = 0.0  # the lifetime the op behind ``_sent_at`` carried
+        self._sending_ttl = 0.0  # the lifetime of the last renew op built
         self._next_renew = float("inf")
         # The name, owner and ttl a renew op was checked for, and that op: see ``renew_op``.
         self._renew_base: Optional[tuple[str, str, float, dict[str, Any]]] = None
@@ -175,6 +182,44 @@ class Lock:
     def token(self) -> Optional[int]:
         """The fencing token while held (it changes at every renew: read it at use time)."""
         return self._token if self.held else None
+
+    @property
+    def name(self) -> str:
+        """The lock's name. Set on a held handle, its lease is lost at the next renew."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = check_name(value)  # checked here: a renew must not fail on it later
+
+    @property
+    def owner(self) -> str:
+        """The holder identity sent with every acquire and renew (see ``Queen.lock``).
+
+        Set on a held handle, its lease is lost at the next renew. An owner set here
+        is one given, as ``owner=`` is: a forked child's handle keeps it, and refuses.
+        """
+        return self._owner
+
+    @owner.setter
+    def owner(self, value: str) -> None:
+        self._owner = check_owner(value)
+        self._explicit_owner = True
+
+    @property
+    def ttl(self) -> float:
+        """The lifetime in seconds that the next acquire or renew asks for.
+
+        Setting it changes no lease held now: its deadline stays the one its engine
+        counts. A default ``renew_every`` (a third of the lifetime) follows it.
+        """
+        return self._ttl
+
+    @ttl.setter
+    def ttl(self, value: Duration) -> None:
+        seconds = lease_seconds(value)
+        every = renew_interval(self._chosen_renew_every, seconds)  # both checked, then set
+        self._ttl, self.renew_every = seconds, every
 
     @property
     def ttl_seconds(self) -> int:
@@ -213,7 +258,7 @@ class Lock:
     @property
     def deadline(self) -> float:
         """The local deadline, on the client's monotonic clock."""
-        return float(self._sent_at + self.ttl)
+        return float(self._sent_at + self._lease_ttl)
 
     @property
     def renew_due(self) -> float:
@@ -307,7 +352,8 @@ class Lock:
             return self._attempt_in_flight(started)
 
     def _attempt_in_flight(self, started: float) -> bool:
-        op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(self.ttl), owner=self.owner,
+        ttl = self._ttl
+        op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(ttl), owner=self.owner,
                              limit=self.limit if self.limit > 1 else None)
         for _ in range(3):
             with self._io:
@@ -315,7 +361,9 @@ class Lock:
                 try:
                     answer = self._client.call_locks([op])[0]
                     if answer.get("acquired"):
-                        self._took(answer, sent_at, started)
+                        if answer.get("already"):
+                            return self._took_own(answer, ttl, started)
+                        self._took(answer, sent_at, started, ttl)
                         return True
                 except BaseException as exc:
                     if not isinstance(exc, Exception):
@@ -330,27 +378,51 @@ class Lock:
         self._client.metrics.count("busy")
         return False
 
-    def _took(self, answer: dict[str, Any], sent_at: float, started: float) -> None:
-        self._token, self._slot = int(answer["token"]), int(answer["slot"])
-        self._last_token = self._token
-        self._sent_at = sent_at
-        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
-        self._unsure = False
-        self._unreleased = None  # a fresh permit supersedes one whose release raised
-        if self.lost.is_set():  # reading it takes no lock; clearing it takes one
-            self.lost.clear()  # the same Event object, so a caller's reference stays current
-        self.lost_reason = None
+    def _took_own(self, answer: dict[str, Any], ttl: float, started: float) -> bool:
+        """Take this owner's permit granted earlier (``already``) by renewing it now.
+
+        Its engine counts its lifetime from that earlier grant, unknown here: a deadline
+        counted from this acquire would outlive it. When the renew is refused (the permit
+        expired meanwhile), nothing is held.
+        """
+        op = LockOps.renew(self.name, token=int(answer["token"]), ttl_seconds=wire_seconds(ttl),
+                           slot=int(answer["slot"]), owner=self.owner)
+        sent_at = self._client.clock.monotonic()
+        renewed = self._client.call_locks([op])[0]
+        if not renewed.get("renewed"):
+            self._holders = ()
+            return False
+        self._took(renewed, sent_at, started, ttl)
+        return True
+
+    def _took(self, answer: dict[str, Any], sent_at: float, started: float, ttl: float) -> None:
+        token, slot = int(answer["token"]), int(answer["slot"])
+        # Under the state lock: the renewer's expiry pass cannot mark this fresh lease lost
+        # for the deadline of the one before it (``mark_lost`` takes it too).
+        with self._state:
+            self._lease_ttl, self._sent_at = ttl, sent_at  # before the token: never a late view
+            self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+            # Registered before the token is set: a fork from another thread in between
+            # leaves a child either no token or a registered handle, which its reset empties.
+            self._client.renewer.register(self)
+            self._token, self._slot = token, slot
+            self._last_token = token
+            self._unsure = False
+            self._unreleased = None  # a fresh permit supersedes one whose release raised
+            if self.lost.is_set():  # reading it takes no lock; clearing it takes one
+                self.lost.clear()  # the same Event object: a caller's reference stays current
+            self.lost_reason = None
         self._holders = ()
         self._taken_in, self._cell = threading.get_ident(), cell_number()
         self._client.metrics.acquired(time.monotonic() - started)
-        self._client.renewer.register(self)
 
     def _abandon(self) -> None:
         """Give back whatever the engine granted this owner while the caller was interrupted."""
         with self._state:
             token, self._token = self._token, None
+        # Even with no token: an acquire cut short may have registered it, not yet holding.
+        self._client.renewer.unregister(self)
         if token is not None:
-            self._client.renewer.unregister(self)
             self._client.metrics.held(-1)
         try:
             self._release_mine()
@@ -402,11 +474,13 @@ class Lock:
         # the moment: a tick of thousands of leases does not check each op twice (the
         # engine checks every op it runs).
         base = self._renew_base
+        ttl = self._ttl
+        self._sending_ttl = ttl  # the lifetime the renewed lease's deadline counts
         if (base is None or base[0] != self.name or base[1] != self.owner
-                or base[2] != self.ttl):
-            op = LockOps.renew(self.name, token=token, ttl_seconds=wire_seconds(self.ttl),
+                or base[2] != ttl):
+            op = LockOps.renew(self.name, token=token, ttl_seconds=wire_seconds(ttl),
                                slot=self._slot, owner=self.owner)
-            self._renew_base = (self.name, self.owner, self.ttl, op)
+            self._renew_base = (self.name, self.owner, ttl, op)
             return dict(op)
         op = dict(base[3])
         op["token"] = token
@@ -435,7 +509,7 @@ class Lock:
         metrics.count("renewed")
         self._token, self._slot = int(answer["token"]), int(answer["slot"])
         self._last_token = self._token
-        self._sent_at = sent_at
+        self._lease_ttl, self._sent_at = self._sending_ttl, sent_at  # ttl first: never late
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
         self._unsure = False
 
@@ -522,20 +596,24 @@ class Lock:
         # A renew whose answer was lost may have moved the row past the token known here.
         return self._release_mine() if self._unsure else False
 
-    def mark_lost(self, reason: str) -> None:
-        """Mark the lease lost once, and run the ``on_lost`` handlers off this thread."""
-        with self._state:
-            if self._token is None:
+    def mark_lost(self, reason: str, *, past: Optional[float] = None) -> None:
+        """Mark the lease lost once, and run the ``on_lost`` handlers off this thread.
+
+        With ``past`` (a time on the client's monotonic clock), only a lease whose
+        deadline is not after it: one renewed or taken afresh since it was judged stays.
+        """
+        with self._state:  # all of it, so that an acquire landing now is not undone
+            if self._token is None or (past is not None and self.deadline > past):
                 return
             self._token = None
-        self._client.renewer.unregister(self)
-        self.lost_reason = reason
-        self.lost.set()
+            self._client.renewer.unregister(self)
+            self.lost_reason = reason
+            self.lost.set()
         self._client.metrics.held(-1)
         self._client.metrics.count(f"lost_{reason}")
         log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
         for handler in list(self._handlers):
-            self._client.dispatch(handler, reason)
+            self._client.dispatch(handler, reason, self)
 
     def on_lost(self, fn: Callable[[str], Any]) -> Lock:
         """Call ``fn(reason)`` (off the renewer thread) when the lease is lost; returns self."""
@@ -543,7 +621,7 @@ class Lock:
             raise TypeError("on_lost takes a callable fn(reason)")
         self._handlers.append(fn)
         if self.lost.is_set() and self.lost_reason is not None:
-            self._client.dispatch(fn, self.lost_reason)
+            self._client.dispatch(fn, self.lost_reason, self)
         return self
 
     # ---- using it ----------------------------------------------------------------------
@@ -661,6 +739,10 @@ class Lock:
         Returns:
             ``"in"``; ``"thread"`` when another thread kept it past the wait; ``"busy"``
             when the permit could not be taken.
+
+        Raises:
+            LockLostError: a block nested in one whose lease was lost (see
+                ``_refuse_nested_after_loss``).
         """
         self._adopt_process()
         started = time.monotonic()
@@ -671,6 +753,8 @@ class Lock:
                 return turn
             if turn == "abandoned":
                 self.release()  # the dead thread's lease: a fresh one fences its work out
+            elif self._blocks > 1:
+                self._refuse_nested_after_loss()
             left = max(0.0, self._default_wait - (time.monotonic() - started))
             took = self.acquire(wait=left)  # at once when held: a nested entry sends nothing
             with interrupts_held():
@@ -684,6 +768,20 @@ class Lock:
             self._unwind_entry(steps)
             raise
         return "in"
+
+    def _refuse_nested_after_loss(self) -> None:
+        """Raise ``LockLostError`` when the lease the outer blocks run under was lost.
+
+        Taking a new lease here would clear ``lost``: the outer block would never learn
+        that a rival may have run in between. Only an outermost entry takes a new lease.
+        """
+        if self._token is not None and not self.held:  # expired, not yet seen by the renewer
+            self.mark_lost("expired", past=self._client.clock.monotonic())
+        if self._token is None and self.lost.is_set():
+            raise LockLostError(
+                f"lock {self.name!r} was lost ({self.lost_reason}) under the block this one "
+                "is nested in; only an outermost block takes a new lease", name=self.name,
+                reason=self.lost_reason, token=self._last_token)
 
     def _take_turn(self, steps: list[Any]) -> str:
         """Count this thread in, waiting (within ``wait``) while another thread is inside."""
@@ -788,7 +886,7 @@ class Lock:
         """
         self._reset_state()
         if not self._explicit_owner:
-            self.owner, self._pid = mint_owner(), os.getpid()
+            self._owner, self._pid = mint_owner(), os.getpid()
 
     def __repr__(self) -> str:
         if self.held:

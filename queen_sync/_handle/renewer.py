@@ -169,7 +169,8 @@ class Renewer:
                 lock.mark_lost("expired")
                 continue
             if now >= deadline:
-                lock.mark_lost("expired")
+                # Judged for the lease read here: one taken afresh since then stays held.
+                lock.mark_lost("expired", past=now)
             else:
                 live.append(lock)
                 nearest = min(nearest, deadline)

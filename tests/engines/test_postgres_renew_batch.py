@@ -209,6 +209,25 @@ class TestTheRenewBatchAgreesWithTheTwoTripPath:
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+class TestTheBatchComparesOwnersAsTheSemanticsDo:
+    def test_an_owner_stored_as_a_json_number_is_not_the_owner_of_the_same_digits(
+            self, server: PgServer, engine: PostgresEngine) -> None:
+        """JSON's 5 and the owner "5" read alike as SQL text; only the string owns the permit."""
+        schema = engine.url.rsplit("schema=", 1)[1]
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            now = int(conn.execute("SELECT floor(extract(epoch FROM clock_timestamp())"
+                                   " * 1000)::bigint").fetchone()[0])  # type: ignore[index]
+            _seed(conn, schema, [("a", "0", "5", "1", "soon", None),
+                                 ("b", "0", '"me"', "1", "soon", None)], now)
+        answers = _locks(engine, [
+            {"op": "renew", "name": "a", "slot": 0, "token": 10, "ttlSeconds": 30, "owner": "5"},
+            {"op": "renew", "name": "b", "slot": 0, "token": 20, "ttlSeconds": 30,
+             "owner": "me"}])
+        assert not answers[0]["renewed"] and answers[0]["holders"][0]["owner"] == 5, (
+            f"a permit whose owner is the number 5 is not the owner \"5\"'s: {answers[0]}")
+        assert answers[1]["renewed"], f"the string owner's renew renews: {answers[1]}"
+
+
 class TestARenewalWhoseOutcomeWasLeftOpen:
     def test_renews_whose_connection_broke_after_they_committed_renew_again_on_the_retry(
             self, engine: PostgresEngine, monkeypatch: pytest.MonkeyPatch) -> None:

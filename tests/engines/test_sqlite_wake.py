@@ -8,14 +8,21 @@ checked whole again.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import pwd
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import queen_sync as qs
 from queen_sync._engines import sqlite_wake
@@ -49,8 +56,10 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> lis
 
 def _bound_socket(folder: str, name: str) -> socket.socket:
     """A socket bound where a waiter on lock ``name`` binds one."""
+    name_folder = os.path.join(folder, sqlite_wake._digest(name))
+    os.makedirs(name_folder, mode=0o700, exist_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(os.path.join(folder, f"{sqlite_wake._digest(name)}.{os.getpid()}.test"))
+    sock.bind(os.path.join(name_folder, f"{os.getpid()}.test"))
     sock.setblocking(False)
     return sock
 
@@ -94,6 +103,121 @@ class TestAReleaseNotifyingWaiters:
         assert "poll" in caplog.text, f"the refusal must be logged: {caplog.text!r}"
 
 
+def _count_entries_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the name of every folder entry listed by ``os.scandir`` or ``os.listdir``."""
+    read: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    class CountedScan:
+        def __init__(self, path: str) -> None:
+            self._inner = real_scandir(path)
+
+        def __iter__(self) -> CountedScan:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            entry = next(self._inner)
+            read.append(entry.name)
+            return entry
+
+        def __enter__(self) -> CountedScan:
+            return self
+
+        def __exit__(self, *exc_info: object) -> None:
+            self._inner.close()
+
+    def counted_listdir(path: str) -> list[str]:
+        names = real_listdir(path)
+        read.extend(names)
+        return names
+
+    monkeypatch.setattr(os, "scandir", CountedScan)
+    monkeypatch.setattr(os, "listdir", counted_listdir)
+    return read
+
+
+class TestWaitersOfOtherNames:
+    def test_a_release_reads_no_entry_of_a_waiter_on_another_name(
+        self, channel: WakeChannel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with contextlib.ExitStack() as waiting:
+            others = [waiting.enter_context(channel.subscribe(f"other-{i}")) for i in range(50)]
+            job = waiting.enter_context(channel.subscribe("job"))
+            channel.notify(["job"])  # the first notify checks the whole path
+            assert job.wait(1.0), "the waiter on the released name is woken"
+            read = _count_entries_read(monkeypatch)
+            channel.notify(["job"])
+            assert job.wait(1.0), "the waiter on the released name is woken again"
+            disturbed = [i for i, other in enumerate(others) if other.wait(0.0)]
+        assert not disturbed, f"waiters on other names were woken: {disturbed}"
+        assert len(read) <= 1, (
+            f"a release of one name read {len(read)} folder entries: its cost grows with "
+            "the waiters of every other name")
+
+    def test_a_release_removes_the_socket_of_a_waiter_that_died_and_its_empty_folder(
+        self, channel: WakeChannel
+    ) -> None:
+        with channel.subscribe("job"):
+            pass  # the folder is made and checked, as by any earlier waiter
+        dead = _bound_socket(channel.folder, "job")
+        dead.close()  # killed: its socket file stays, and nobody reads it
+        channel.notify(["job"])
+        left = os.listdir(channel.folder)
+        assert left == [], f"a dead waiter's socket or its name's folder stayed: {left}"
+
+    def test_a_waiter_arriving_as_the_last_one_of_its_name_leaves_is_still_woken(
+        self, channel: WakeChannel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with channel.subscribe("job"):
+            pass  # the folder is made and checked, as by any earlier waiter
+        real_mkdir = os.mkdir
+        removed: list[str] = []
+
+        def mkdir_then_last_waiter_leaves(path: str, mode: int = 0o777) -> None:
+            real_mkdir(path, mode)
+            if not removed:  # the leaving waiter removes the folder just made, once
+                removed.append(path)
+                os.rmdir(path)
+
+        monkeypatch.setattr(os, "mkdir", mkdir_then_last_waiter_leaves)
+        with channel.subscribe("job") as waiter:
+            monkeypatch.undo()
+            channel.notify(["job"])
+            woken = waiter.wait(1.0)
+        assert removed, "the name's folder was never made, so the race was not run"
+        assert isinstance(waiter, sqlite_wake._SocketWaiter) and woken, (
+            f"a waiter whose name's folder vanished before it bound was not woken ({waiter})")
+
+    @settings(max_examples=int(os.environ.get("QUEEN_SYNC_WAKE_EXAMPLES", "40")),
+              deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(steps=st.lists(st.tuples(st.sampled_from(["wait", "leave", "release"]),
+                                    st.sets(st.sampled_from(["a", "b", "c"]), min_size=1)),
+                          max_size=25))
+    def test_each_release_wakes_exactly_the_waiters_armed_on_its_names(
+        self, channel: WakeChannel, steps: list[tuple[str, set[str]]]
+    ) -> None:
+        with contextlib.ExitStack() as everything:
+            armed: list[tuple[str, Any, contextlib.ExitStack]] = []
+            for step, names in steps:
+                if step == "wait":
+                    for name in sorted(names):
+                        own = everything.enter_context(contextlib.ExitStack())
+                        armed.append((name, own.enter_context(channel.subscribe(name)), own))
+                elif step == "leave":
+                    leaving = [w for w in armed if w[0] in names][:1]
+                    for waiter in leaving:
+                        armed.remove(waiter)
+                        waiter[2].close()
+                else:
+                    channel.notify(sorted(names))
+                    woken = sorted(name for name, waiter, _ in armed if waiter.wait(0.0))
+                    due = sorted(name for name, _, _ in armed if name in names)
+                    assert woken == due, (
+                        f"releasing {sorted(names)} woke waiters on {woken}, not on {due}")
+        left = os.listdir(channel.folder) if os.path.exists(channel.folder) else []
+        assert left == [], f"every waiter left, but these stayed in the folder: {left}"
+
+
 class TestAWaiterOnAHeldLock:
     def test_its_attempts_after_the_first_read_without_taking_the_write_lock(
         self, tmp_path: Path
@@ -116,3 +240,45 @@ class TestAWaiterOnAHeldLock:
         assert len(writes) == 1 and reads, (
             f"a waiter took the write lock {len(writes)} times and read {len(reads)} times: "
             "once armed it must look without queueing every other writer behind it")
+
+
+_AS_ANOTHER_EFFECTIVE_USER = """
+import json, os, sys
+from queen_sync._engines.sqlite_wake import WakeChannel, _SocketWaiter
+runtime, database, uid, gid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+os.setegid(gid)
+os.seteuid(uid)  # the real user stays root, as in a service that drops privileges so
+os.environ["XDG_RUNTIME_DIR"] = runtime
+channel = WakeChannel(database)
+with channel.subscribe("job") as waiter:
+    channel.notify(["job"])
+    woken = waiter.wait(1.0)
+print(json.dumps({"socket": isinstance(waiter, _SocketWaiter), "woken": woken,
+                  "folder": channel.folder}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "seteuid") or os.geteuid() != 0,
+                    reason="only root may take another effective user")
+class TestAProcessWhoseEffectiveUserIsNotItsRealUser:
+    def test_its_waiters_are_woken_through_a_folder_of_the_user_its_files_belong_to(
+        self, tmp_path: Path
+    ) -> None:
+        nobody = pwd.getpwnam("nobody")
+        runtime = Path(tempfile.mkdtemp(prefix="qe"))  # short: a socket path holds ~100 bytes
+        try:
+            os.chown(runtime, nobody.pw_uid, nobody.pw_gid)
+            runtime.chmod(0o700)
+            done = subprocess.run(
+                [sys.executable, "-c", _AS_ANOTHER_EFFECTIVE_USER, str(runtime),
+                 str(tmp_path / "q.db"), str(nobody.pw_uid), str(nobody.pw_gid)],
+                capture_output=True, text=True, timeout=30, check=False)
+        finally:
+            shutil.rmtree(runtime, ignore_errors=True)
+        assert done.returncode == 0, f"the probe failed: {done.stderr}"
+        seen = json.loads(done.stdout)
+        assert seen["socket"] and seen["woken"], (
+            f"a process whose files belong to uid {nobody.pw_uid} polls instead of being "
+            f"woken: {seen}; {done.stderr.strip()}")
+        assert f"queen_sync-{nobody.pw_uid}" in seen["folder"], (
+            f"the folder is named for another user than the one owning its files: {seen}")

@@ -7,6 +7,7 @@ scenario's part, and reports plain data (numbers, strings, lists) on a
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -224,13 +225,26 @@ def _forked_held(url: str) -> bool:
         fresh.close()
 
 
-def fork_during_calls(url: str, forks: int, results: Any) -> None:
-    """Fork ``forks`` times while another thread keeps the engine busy; report child failures.
+# The parent's thread holds the write lock about four fifths of the time, and SQLite's
+# busy handler polls rather than queues, so a child may wait for its first write well
+# over a second on a loaded machine: the child's patience is that of a real client.
+FORKED_CHILD_BUSY_TIMEOUT = 10.0
+FORKED_CHILD_LIMIT = 15.0  # beyond its busy timeout: a child still running then is stuck
 
-    Each child makes two engine calls of its own and exits 0; a child that errs, or
-    is still running after 5 s, counts as failed. Reports ``("forks", failed, calls)``.
+
+def fork_during_calls(url: str, forks: int, results: Any) -> None:
+    """Fork ``forks`` times while other threads keep the engine busy; report child failures.
+
+    One thread spins on key/value calls, one takes and gives back a lock, one waits on a
+    lease this process holds (its wake-up armed), and the renewer renews that lease. Each
+    child uses the engine on its own (see ``_child_calls``) and exits 0; a child that
+    errs, or is still running after ``FORKED_CHILD_LIMIT``, fails, described by what it
+    wrote (its error) or by its Python stacks, and no more children are forked. Reports
+    ``("forks", [failure, ...], key/value calls of the parent)``.
     """
-    q = qs.Queen(url, busy_timeout=2)
+    q = qs.Queen(url, busy_timeout=FORKED_CHILD_BUSY_TIMEOUT)
+    kept = q.lock("kept", ttl=3)
+    assert kept.acquire(), "nobody else uses this store"
     stop = threading.Event()
     calls = [0]
 
@@ -239,25 +253,72 @@ def fork_during_calls(url: str, forks: int, results: Any) -> None:
             q.kv.incr(NS, "parent", forever=True)
             calls[0] += 1
 
-    spinner = threading.Thread(target=keep_calling, daemon=True)
-    spinner.start()
+    def keep_locking() -> None:
+        spun = q.lock("spun", ttl=30)
+        while not stop.is_set():
+            if spun.acquire():
+                spun.release()
+
+    def keep_waiting() -> None:
+        while not stop.is_set():
+            q.lock("kept", ttl=30).acquire(wait=0.2)
+
+    threads = [threading.Thread(target=work, daemon=True)
+               for work in (keep_calling, keep_locking, keep_waiting)]
+    for thread in threads:
+        thread.start()
     time.sleep(0.1)
-    failed = 0
-    for _ in range(forks):
-        pid = os.fork()
-        if pid == 0:
+    failures: list[str] = []
+    for index in range(forks):
+        failure = _forked_child_failure(q, kept)
+        if failure is not None:
+            failures.append(f"child {index}: {failure}")
+            break  # one is the verdict; more stuck children would only outlast the test
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    kept.release()
+    results.put(("forks", failures, calls[0]))
+    q.close()
+
+
+def _child_calls(q: qs.Queen, kept: qs.Lock) -> None:
+    """What a forked child does with its parent's client: holds nothing, can do anything."""
+    if kept.held:
+        raise AssertionError("the child believes it holds its parent's lease")
+    q.kv.get(NS, "parent")
+    own = q.lock("child-own", ttl=30)
+    if not own.acquire(wait=FORKED_CHILD_BUSY_TIMEOUT):
+        raise AssertionError(f"the child could not take a free lock: {own.holders}")
+    own.release()
+    q.kv.incr(NS, "children", forever=True)
+
+
+def _forked_child_failure(q: qs.Queen, kept: qs.Lock) -> Optional[str]:
+    """Fork a child that runs ``_child_calls``; None if it exits 0, else what went wrong."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        with os.fdopen(write_end, "w") as report:
+            # A stuck child prints its stacks before the parent kills it.
+            faulthandler.dump_traceback_later(FORKED_CHILD_LIMIT - 1.0, file=report)
             code = 0
             try:
-                q.kv.get(NS, "parent")
-                q.kv.incr(NS, "children", forever=True)
-            except BaseException:
+                _child_calls(q, kept)
+            except BaseException as exc:  # any error, Ctrl-C included, is this child's verdict
+                report.write(f"{type(exc).__name__}: {exc}")
                 code = 3
+            faulthandler.cancel_dump_traceback_later()
+            report.flush()
             os._exit(code)
-        failed += 0 if _exited_cleanly(pid, 5.0) else 1
-    stop.set()
-    spinner.join(5)
-    results.put(("forks", failed, calls[0]))
-    q.close()
+    os.close(write_end)
+    clean = _exited_cleanly(pid, FORKED_CHILD_LIMIT)
+    with os.fdopen(read_end) as report:
+        written = report.read().strip()
+    if clean:
+        return None
+    return written or "exited non-zero and wrote nothing"
 
 
 def _exited_cleanly(pid: int, within: float) -> bool:

@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable
 
 import pytest
+from manual_clock import ManualClock
 
 import queen_sync as qs
 
@@ -61,15 +62,41 @@ class TestNesting:
             assert not held_on_engine(mq, "job")
         assert not lock.held, "the outer exit has nothing to release and raises nothing"
 
-    def test_a_nested_block_after_a_loss_takes_the_lease_again(self, mq: qs.Queen) -> None:
+    def test_a_nested_block_after_a_loss_raises_and_takes_nothing(self, mq: qs.Queen) -> None:
         lock = mq.lock("job", ttl=30)
         with lock:
             mq.kv.delete("queen-locks", "job#0")
             assert not lock.renew() and lock.lost.is_set()
+            with pytest.raises(qs.LockLostError) as raised, lock:
+                pytest.fail("the inner block must not run on a lost lease")
+            assert raised.value.reason == "renew", f"wrong reason: {raised.value!r}"
+            assert lock.lost.is_set() and not lock.held, f"the loss was erased: {lock!r}"
+            assert not held_on_engine(mq, "job"), "the nested entry took a new lease"
+            assert qs.current_lock() is lock, "the failed entry unwound the outer block"
+        assert lock._blocks == 0, "the entry count leaked"
+        with lock:
+            assert lock.held, "a new outermost block must take the lease again"
+
+    def test_a_nested_block_past_the_deadline_reports_the_expiry(
+        self, mq: qs.Queen, clock: ManualClock
+    ) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            clock.advance(31)  # the renewer has not looked yet
+            with pytest.raises(qs.LockLostError) as raised, lock:
+                pytest.fail("the inner block must not run on an expired lease")
+            assert raised.value.reason == "expired", f"wrong reason: {raised.value!r}"
+            assert lock.lost.is_set(), f"the outer block cannot learn of the loss: {lock!r}"
+
+    def test_a_nested_block_after_an_explicit_release_takes_the_lease_again(
+        self, mq: qs.Queen
+    ) -> None:
+        lock = mq.lock("job", ttl=30)
+        with lock:
+            assert lock.release(), "setup: the explicit release must give it back"
             with lock:
-                assert lock.held, "re-entering a lost lease must take it again"
-            assert lock.held, "the inner exit must not release"
-        assert not held_on_engine(mq, "job")
+                assert lock.held, "a release is no loss: the nested block takes it again"
+        assert not held_on_engine(mq, "job"), "the outermost exit must release"
 
     def test_a_failed_nested_entry_does_not_end_the_outer_block(self, mq: qs.Queen) -> None:
         lock = mq.lock("job", ttl=30)
@@ -77,7 +104,7 @@ class TestNesting:
             mq.kv.delete("queen-locks", "job#0")
             assert not lock.renew()
             assert mq.locks.acquire("job", ttl_seconds=30, owner="thief")
-            with pytest.raises(qs.LockNotHeldError), lock:
+            with pytest.raises(qs.LockLostError), lock:
                 pytest.fail("the inner block must not run")
             assert qs.current_lock() is lock, "the failed entry unwound the outer block"
         assert lock._blocks == 0, "the entry count leaked"

@@ -72,6 +72,20 @@ def _url_options(query: dict[str, str]) -> dict[str, Any]:
     return options
 
 
+def _applied(before: int, total: int, exc: QueenError) -> str:
+    """What of a big body was applied, for the error that stopped it at one of its parts.
+
+    A part answered by a statement that commits as it runs may fail after its commit;
+    such an error says how many of its writes committed (``committed``).
+    """
+    committed = getattr(exc, "committed", None)
+    if isinstance(committed, int):
+        return (f"{before + committed} of {total} operations were applied ({committed} by "
+                "the part that failed, which committed as it ran); the rest were not")
+    return (f"{before} of {total} operations were applied before it (the rest were not, "
+            "unless the error says the outcome is unknown)")
+
+
 class PostgresEngine(Engine):
     """The wire's lock and KV semantics on a PostgreSQL database, shared by many machines.
 
@@ -158,10 +172,8 @@ class PostgresEngine(Engine):
             try:
                 results += self._locks_part(chunk, parts)
             except QueenError as exc:
-                exc.args = (f"{exc}; {len(results)} of {len(ops)} operations were applied "
-                            "before it (the rest were not, unless the error says the "
-                            "outcome is unknown); resending the body as the same owner "
-                            "is safe",)
+                exc.args = (f"{exc}; {_applied(len(results), len(ops), exc)}; resending "
+                            "the body as the same owner is safe",)
                 raise
         return {"results": results}
 

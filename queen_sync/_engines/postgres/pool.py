@@ -23,7 +23,7 @@ from psycopg import ClientCursor
 from ..._errors import EngineError
 from .deadline import Watch, Watchdog, connect_within
 from .errors import detail_of
-from .sql import SCHEMA_VERSION, Statements
+from .sql import SCHEMA_VERSION, SESSION_ISOLATION, Statements
 
 log = logging.getLogger("queen_sync")
 
@@ -155,6 +155,7 @@ class Sessions:
     def _migrate(self, deadline: float) -> None:
         """Create or upgrade the schema; several processes may race here, so it is serialised."""
         with self.connect(deadline) as conn, self.watchdog.watching(conn, deadline):
+            conn.execute(SESSION_ISOLATION)  # the DDL's upsert must see a racing migration's row
             with contextlib.suppress(psycopg.errors.UndefinedTable), conn.transaction():
                 record = conn.execute(self.sql.schema_version).fetchone()
                 if record is not None and record[0] >= SCHEMA_VERSION:

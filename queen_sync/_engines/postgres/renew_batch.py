@@ -3,8 +3,9 @@
 When every op of a body is a renew naming its slot and owner, each on a name of its
 own, one statement (``scripted_sql``'s ``renew_many``) applies the renew rule to all
 of them, sent with the names' advisory locks (sorted, one statement) as one implicit
-transaction that commits when it ends. It returns every row of the names as they
-stood before it, and the token it wrote to each row it renewed.
+transaction that commits when it ends. It returns each renew's slot row as it stood
+before it, with the token it wrote there if it renewed it, and every row of the name
+of each renew it refused (whose answer lists the name's holders).
 
 As for a lone renew (``scripted``), the semantics then run on those rows and must
 arrive at exactly the writes the statement made: a renew it refused is answered
@@ -37,11 +38,6 @@ def batch_of_renews(ops: Sequence[Mapping[str, Any]]) -> bool:
         and not op.get("forever") for op in ops) and len({op["name"] for op in ops}) == len(ops)
 
 
-def _row(record: Sequence[Any]) -> Row:
-    ns, key, value, version, expires_at, created_at, updated_at, prev = record
-    return Row(ns, key, value, version, expires_at, created_at, updated_at, prev)
-
-
 class RenewedTxn:
     """``StorageTxn`` answered from what one statement read and wrote, already committed.
 
@@ -55,33 +51,33 @@ class RenewedTxn:
                  ops: Sequence[Mapping[str, Any]]) -> None:
         self.unplanned: set[str] = set()
         self._names = {op["name"] for op in ops}
-        self._slot_keys = {permit_key(op["name"], op["slot"]) for op in ops}  # what renews read
+        by_key = {permit_key(op["name"], op["slot"]): op for op in ops}  # what renews read
+        self._slot_keys = set(by_key)
         sent = time.monotonic()
-        records = self._send(cur, sql, ops)
+        records = self._send(cur, sql, ops, list(by_key))
         self._now = int(records[0][0])
         self.clock = (self._now, sent)  # the database's clock, and when it was asked
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
         self._by_name: dict[str, list[Row]] = {name: [] for name in self._names}
-        tokens: dict[str, int] = {}
+        self._made: dict[str, Row] = {}
         for record in records:
-            if record[2] is None:
-                continue  # the header of a statement that read no rows
-            row = _row(record[3:])
+            if record[4] is None:
+                continue  # the empty slot of a refused renew
+            row = Row(*record[3:])
             self._rows[(row.ns, row.key)] = row
             self._by_name[record[2]].append(row)
             if record[1] is not None:
-                tokens[row.key] = int(record[1])
-        self._made = {op_key: self._written(op, tokens[op_key]) for op in ops
-                      if (op_key := permit_key(op["name"], op["slot"])) in tokens}
+                self._made[row.key] = self._written(row, by_key[row.key], int(record[1]))
+        # Only a refused renew's name was read whole: a renewed one is its slot row alone.
+        self._whole = {op["name"] for key, op in by_key.items() if key not in self._made}
         self._next: Optional[Row] = None  # the made row the semantics are about to write
         self._written_keys: set[str] = set()
 
     @staticmethod
-    def _send(cur: psycopg.Cursor[Any], sql: Statements,
-              ops: Sequence[Mapping[str, Any]]) -> list[Any]:
+    def _send(cur: psycopg.Cursor[Any], sql: Statements, ops: Sequence[Mapping[str, Any]],
+              keys: Sequence[str]) -> list[Any]:
         locks = lock_statements(sql, ["L" + op["name"] for op in ops])
-        columns = (array_literal(op["name"] for op in ops),
-                   array_literal(permit_key(op["name"], op["slot"]) for op in ops),
+        columns = (array_literal(op["name"] for op in ops), array_literal(keys),
                    array_literal(op["token"] for op in ops),
                    array_literal(op["owner"] for op in ops),
                    array_literal(int(op["ttlSeconds"]) * 1000 for op in ops))
@@ -91,10 +87,8 @@ class RenewedTxn:
             pass
         return cur.fetchall()
 
-    def _written(self, op: Mapping[str, Any], token: int) -> Row:
-        """The row the statement wrote for ``op``, as the semantics would have written it."""
-        old = self._rows[(LOCKS_NS, permit_key(op["name"], op["slot"]))]
-        assert old is not None  # the statement renewed a row it read
+    def _written(self, old: Row, op: Mapping[str, Any], token: int) -> Row:
+        """The row the statement wrote over ``old`` for ``op``, as the semantics would."""
         return Row(LOCKS_NS, old.key, old.value, token,
                    self._now + int(op["ttlSeconds"]) * 1000, old.created_at, self._now,
                    prev_version=op["token"])
@@ -105,9 +99,13 @@ class RenewedTxn:
         return bool(self._made)
 
     def disagree(self, what: str) -> EngineError:
+        """The error for a statement the semantics would not have run: raised after it
+        committed, so it says how many renewals it made (``committed``)."""
         return EngineError(
-            f"PostgreSQL's one-statement renewal of {len(self._names)} leases renewed "
-            f"{len(self._made)} but the semantics {what}; please report this")
+            f"PostgreSQL's one-statement renewal of {len(self._names)} leases renewed and "
+            f"committed {len(self._made)} of them, but the semantics {what}; please report "
+            "this (those renewals stand: resending them as the same owner renews them again)",
+            committed=len(self._made))
 
     def _need(self, what: str) -> NotScripted:
         if self._made:
@@ -119,7 +117,7 @@ class RenewedTxn:
 
     def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
         if ns != LOCKS_NS or (key not in self._slot_keys
-                              and entity_of(ns, key)[1:] not in self._names):
+                              and entity_of(ns, key)[1:] not in self._whole):
             raise self._need(f"read {ns}/{key}")
         # A renew reads its slot first: what it then writes must be what the statement did.
         self._next = self._made.get(key)
@@ -129,7 +127,7 @@ class RenewedTxn:
     def read_prefix(self, ns: str, prefix: str, *, after: Optional[str], limit: int,
                     now_ms: int) -> list[Row]:
         name = prefix[:-1]
-        if ns != LOCKS_NS or not prefix.endswith("#") or name not in self._names:
+        if ns != LOCKS_NS or not prefix.endswith("#") or name not in self._whole:
             raise self._need(f"scanned {ns}/{prefix}*")
         rows = [row for row in self._by_name[name]
                 if row.live_at(now_ms) and row.key > (after or "")]
@@ -153,7 +151,7 @@ class RenewedTxn:
         raise self._need(f"freed {name!r}")
 
     def rows(self) -> dict[tuple[str, str], Optional[Row]]:
-        """The names' rows as the statement left them."""
+        """The rows the statement read, as it left them."""
         return {**self._rows, **{(row.ns, row.key): row for row in self._made.values()}}
 
     def commit_script(self) -> list[tuple[str, Sequence[Any]]]:

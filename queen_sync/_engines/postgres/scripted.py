@@ -72,17 +72,20 @@ def _permit_value(op: Mapping[str, Any]) -> dict[str, Any]:
     return {"owner": op["owner"], "limit": op.get("limit", 1)}
 
 
-def _query(sql: Statements, op: Mapping[str, Any]) -> Statement:
+def one_trip_script(sql: Statements, op: Mapping[str, Any]) -> list[Statement]:
+    """The one trip that answers ``op``: the name's lock, then the statement whose rows answer."""
     name = op["name"]
     bounds = (LOCKS_NS, name + "#", name + "$")
+    locks = lock_statements(sql, ["L" + name])
     ttl_ms = int(op.get("ttlSeconds", 0)) * 1000
     if op["op"] == "acquire":
         value = json.dumps(_permit_value(op), separators=(",", ":"))  # as the storage writes it
-        return sql.acquire_scripted, (*bounds, op.get("limit", 1), op["owner"], value, ttl_ms)
+        return [*locks, (sql.acquire_scripted,
+                         (*bounds, op.get("limit", 1), op["owner"], value, ttl_ms))]
     if op["op"] == "renew":
-        return sql.renew_scripted, (*bounds, permit_key(name, op["slot"]), op["token"],
-                                    op.get("owner"), ttl_ms)
-    return sql.peek, bounds
+        return [*locks, (sql.renew_scripted, (*bounds, permit_key(name, op["slot"]),
+                                              op["token"], op.get("owner"), ttl_ms))]
+    return [*locks, (sql.peek, bounds)]
 
 
 class ScriptedTxn:
@@ -99,7 +102,7 @@ class ScriptedTxn:
         self._name = name
         self.unplanned: set[str] = set()
         sent = time.monotonic()
-        records = _last_result(cur, [*lock_statements(sql, ["L" + name]), _query(sql, op)])
+        records = _last_result(cur, one_trip_script(sql, op))
         now, key, token = records[0][0], records[0][1], records[0][2]
         self._now = int(now)
         self.clock = (self._now, sent)  # the database's clock, and when it was asked
@@ -127,7 +130,8 @@ class ScriptedTxn:
     def disagree(self, what: str) -> EngineError:
         return EngineError(
             f"PostgreSQL's one-statement call on {self._name!r} wrote {self._made} but the "
-            f"semantics {what}; please report this (the permit stays until its TTL)")
+            f"semantics {what}; please report this (the permit stays until its TTL)",
+            committed=0 if self._made is None else 1)
 
     def _need(self, what: str) -> NotScripted:
         if self._made is not None:

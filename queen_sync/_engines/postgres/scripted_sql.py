@@ -87,35 +87,45 @@ def _renew_many(kv: str, seq: str) -> str:
     $4 tokens presented, $5 owners, $6 lifetimes in ms.
 
     ``_renew``'s rule for every op at once, each naming its owner, on a name of its own.
-    Every row of the names is returned, after the name it was read for (the semantics
-    answer a refused renew with the name's holders), with the token written to it if any.
+    Each renew's slot row is returned as it stood, after the name it was read for, with
+    the token written to it if renewed; for a renew it refuses, every other row of the
+    name too (the semantics answer it with the name's holders), and a row of NULL
+    columns if the slot is empty. A tick renews nearly every lease, so the rest of a
+    name is read only for the rare refusal.
+
+    Nothing joins one array-sized set to another: the server plans a prepared statement
+    as if its arrays held 10 elements, and such a join, planned as a loop in a loop,
+    compares every renew of a batch with every other one.
     """
-    stored_columns = ", ".join(f"stored.{c}" for c in _COLUMNS.split(", "))
+    columns = _COLUMNS.split(", ")
+    renews = ("(s.expires_at IS NULL OR s.expires_at > (SELECT now FROM clock))"
+              " AND json_typeof(s.value -> 'owner') = 'string' AND s.value ->> 'owner' = r.owner"
+              " AND (s.version = r.token OR (s.prev_version <= r.token AND r.token < s.version))")
     return (
         f"WITH clock AS MATERIALIZED ({_CLOCK}),"
         " r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[],"
         " $6::bigint[]) AS r(name, key, token, owner, ttl)),"
-        # One index range per name (OFFSET 0 keeps each a scan of its own, not a join);
-        # the value is parsed once, for the owner a renew must match.
-        " stored AS MATERIALIZED (SELECT r.name AS of_name, s.*,"
-        " CASE WHEN jsonb_typeof(s.value::jsonb) = 'object'"
-        " AND jsonb_typeof(s.value::jsonb -> 'owner') = 'string'"
-        " THEN s.value::jsonb ->> 'owner' END AS held_by"
-        f" FROM r, LATERAL (SELECT {_COLUMNS} FROM {kv}"
-        " WHERE ns = $1 AND key >= r.name || '#' AND key < r.name || '$' OFFSET 0) AS s),"
+        # One index lookup per renew (OFFSET 0 keeps each a scan of its own, not a join
+        # over the table); the rule is decided here, once, on the rows as they stood.
+        " slot AS MATERIALIZED (SELECT r.name AS of_name, r.key AS slot_key, r.token, r.ttl,"
+        f" {', '.join(f's.{c}' for c in columns)}, {renews} AS renews"
+        f" FROM r LEFT JOIN LATERAL (SELECT {_COLUMNS} FROM {kv} WHERE ns = $1 AND key = r.key"
+        " OFFSET 0) AS s ON true),"
         # The clock as a scalar subquery is read once; joined, it is rescanned per row.
-        " target AS (SELECT stored.key, r.token, r.ttl FROM r JOIN stored"
-        " ON stored.key = r.key AND stored.held_by = r.owner"
-        " WHERE (stored.expires_at IS NULL OR stored.expires_at > (SELECT now FROM clock))"
-        " AND (stored.version = r.token"
-        " OR (stored.prev_version <= r.token AND r.token < stored.version))),"
         f" put AS (UPDATE {kv} AS permit SET version = {seq},"
-        " expires_at = (SELECT now FROM clock) + target.ttl,"
-        " updated_at = (SELECT now FROM clock), prev_version = target.token FROM target"
-        " WHERE permit.ns = $1 AND permit.key = target.key"
-        " RETURNING permit.key, permit.version)"
-        f" SELECT clock.now, put.version, stored.of_name, {stored_columns}"
-        " FROM clock LEFT JOIN stored ON true LEFT JOIN put ON put.key = stored.key"
+        " expires_at = (SELECT now FROM clock) + slot.ttl,"
+        " updated_at = (SELECT now FROM clock), prev_version = slot.token FROM slot"
+        " WHERE slot.renews AND permit.ns = $1 AND permit.key = slot.key"
+        f" RETURNING permit.version AS written, slot.of_name,"
+        f" {', '.join(f'slot.{c}' for c in columns)}),"
+        f" rest AS (SELECT slot.of_name, {', '.join(f'o.{c}' for c in columns)} FROM slot,"
+        f" LATERAL (SELECT {_COLUMNS} FROM {kv} WHERE ns = $1 AND key >= slot.of_name || '#'"
+        " AND key < slot.of_name || '$' AND key <> slot.slot_key OFFSET 0) AS o"
+        " WHERE slot.renews IS NOT TRUE)"
+        f" SELECT (SELECT now FROM clock), written, of_name, {_COLUMNS} FROM put"
+        f" UNION ALL SELECT (SELECT now FROM clock), NULL, of_name, {_COLUMNS} FROM slot"
+        " WHERE renews IS NOT TRUE"
+        f" UNION ALL SELECT (SELECT now FROM clock), NULL, of_name, {_COLUMNS} FROM rest"
     )
 
 

@@ -29,8 +29,8 @@ from .one_trip import GuardedTxn, SeenRows
 from .pool import PgPool, Sessions, lost
 from .renew_batch import RenewedTxn, batch_of_renews
 from .scripted import NotScripted, ScriptedTxn, scriptable
-from .sql import CLOCK, Statements
-from .txn import PgTxn, entities_of
+from .sql import Statements
+from .txn import PgTxn, entities_of, entity_key, entity_of
 
 log = logging.getLogger("queen_sync")
 
@@ -102,13 +102,6 @@ def _has_input(conn: psycopg.Connection[Any]) -> bool:
     except (OSError, ValueError, psycopg.Error):
         return True
     return bool(ready)
-
-
-def _fetch_one(cur: psycopg.Cursor[Any]) -> Any:
-    record = cur.fetchone()
-    if record is None:  # pragma: no cover - these queries always return one row
-        raise EngineError("PostgreSQL returned no row where one was expected")
-    return record
 
 
 class PartsOfOneBody:
@@ -333,8 +326,11 @@ class PostgresStorage:
             return
         watch = self.sessions.watchdog.watch(conn, call.deadline)
         try:
-            now = _fetch_one(conn.execute(CLOCK))[0]
-            conn.execute(self.sql.sweep, (now,))
+            records = conn.execute(self.sql.expired).fetchall()
+            expired = [(ns, key) for _, ns, key in records if key is not None]
+            if expired:
+                keys = [entity_key(entity_of(ns, key)) for ns, key in expired]
+                conn.execute(*self.sql.sweep_of(records[0][0], expired, keys))
         except psycopg.Error as exc:
             log.debug("sweeping expired rows at %s failed: %s", self.where,
                       detail_of(exc, self.secrets))
