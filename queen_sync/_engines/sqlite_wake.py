@@ -9,7 +9,8 @@ costs latency. The last waiter of a name to leave removes the name's subfolder.
 
 The folder lies under a directory other users may write to (the temp directory,
 when cron leaves ``XDG_RUNTIME_DIR`` unset), so every folder on its path is checked
-before use: ours, not a symlink, writable by nobody else. A folder that fails, or a
+before use: ours, not a symlink, writable by nobody else; a name's subfolder too, since
+a stray symlink there would lead a release to other files. A folder that fails, or a
 path too long for a socket, turns waiting into plain polling: slower, never broken.
 """
 
@@ -75,7 +76,11 @@ def _check_base(path: str) -> None:
 
 
 def _private_folder(path: str, *, create: bool) -> os.stat_result:
-    """Refuse ``path`` unless it is a folder of ours alone; make it (0700) first if asked."""
+    """Refuse ``path`` unless it is a folder of ours alone; make it (0700) first if asked.
+
+    When making, a folder found private is set to 0700: under a restrictive umask mkdir
+    leaves out the owner's write bit, and no waiter could bind a socket in it.
+    """
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -83,27 +88,41 @@ def _private_folder(path: str, *, create: bool) -> os.stat_result:
     if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid()
             or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
         raise _UnsafeFolderError(f"{path} is not a folder private to this user")
+    if create and stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)  # lstat found a folder of ours, not a symlink
     return info
 
 
-_BIND_ATTEMPTS = 3
+# Each attempt lost a race to the last waiter of the name leaving; a run this long
+# means something keeps removing the folder, and the waiter polls rather than spin.
+_BIND_ATTEMPTS = 100
 
 
 def _bind_in(sock: socket.socket, folder: str, path: str) -> None:
-    """Bind ``sock`` at ``path``, making its ``folder`` (0700) first if it is missing.
+    """Bind ``sock`` at ``path`` in its name's ``folder``, made (0700) or checked first.
 
     The last waiter of a name may remove the folder between our making it and binding,
     so a bind that finds no folder makes it again; a bound socket keeps it from removal.
+    Raises FileNotFoundError only if every attempt lost that race.
     """
     for attempt in range(_BIND_ATTEMPTS):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o700)
         try:
+            _private_folder(folder, create=True)
             sock.bind(path)
-            return
         except FileNotFoundError:
             if attempt == _BIND_ATTEMPTS - 1:
                 raise
+            continue
+        # bind gives the socket 0777 less the umask, and a sender needs its write bit.
+        os.chmod(path, 0o600)
+        return
+
+
+def _remove_dead_socket(folder_fd: int, leaf: str) -> None:
+    """Remove the socket a waiter that died left behind; any other kind of entry stays."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.stat(leaf, dir_fd=folder_fd, follow_symlinks=False).st_mode):
+            os.unlink(leaf, dir_fd=folder_fd)
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -198,17 +217,20 @@ class WakeChannel:
         if not self._usable(create=True):
             yield _PollingWaiter()
             return
-        # Nobody else can make an entry in our private folder, so the name's subfolder,
-        # made by a process of ours, needs no check of its own.
+        # Only this user can make entries in our private folder, but a stray symlink or
+        # loose folder of its own there must not take the socket elsewhere: it is checked.
         name_folder = os.path.join(self.folder, _digest(name))
         path = os.path.join(name_folder, f"{os.getpid()}.{secrets.token_hex(4)}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             try:
                 _bind_in(sock, name_folder, path)
+            except FileNotFoundError:  # waiters of the name kept leaving: not a lasting state
+                log.debug("queen_sync: a waiter on %s polls: its folder kept vanishing", name)
+                waiter: Union[_SocketWaiter, _PollingWaiter] = _PollingWaiter()
             except OSError as exc:  # e.g. a path longer than a socket address can hold
                 self._fall_back(str(exc))
-                waiter: Union[_SocketWaiter, _PollingWaiter] = _PollingWaiter()
+                waiter = _PollingWaiter()
             else:
                 waiter = _SocketWaiter(sock)
             yield waiter
@@ -222,22 +244,31 @@ class WakeChannel:
         if not self._usable(create=False):
             return  # nobody has waited on this database yet, or the folder is not ours alone
         for name in names:
+            name_folder = os.path.join(self.folder, _digest(name))
             try:
-                with os.scandir(os.path.join(self.folder, _digest(name))) as entries:
-                    paths = [entry.path for entry in entries]
+                # Never through a symlink: its target's files would be taken for sockets.
+                folder_fd = os.open(name_folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except OSError:
-                continue  # no subfolder: nobody waits on this name
-            for path in paths:
-                self._send(path)
+                continue  # no subfolder: nobody waits on this name (or it is no folder)
+            try:
+                self._notify_folder(name_folder, folder_fd)
+            finally:
+                os.close(folder_fd)
 
-    def _send(self, path: str) -> None:
+    def _notify_folder(self, name_folder: str, folder_fd: int) -> None:
+        with os.scandir(folder_fd) as entries:
+            leaves = [entry.name for entry in entries
+                      if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False)]
+        for leaf in leaves:
+            self._send(name_folder, folder_fd, leaf)
+
+    def _send(self, name_folder: str, folder_fd: int, leaf: str) -> None:
         sender = self._sender_socket()
         try:
-            sender.sendto(b"!", path)
+            sender.sendto(b"!", os.path.join(name_folder, leaf))
         except (ConnectionRefusedError, FileNotFoundError):
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # a waiter that died without cleaning up
-            _remove_if_empty(os.path.dirname(path))
+            _remove_dead_socket(folder_fd, leaf)
+            _remove_if_empty(name_folder)
         except OSError:
             pass  # its queue is full: it is awake already
 

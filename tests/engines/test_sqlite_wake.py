@@ -282,3 +282,237 @@ class TestAProcessWhoseEffectiveUserIsNotItsRealUser:
             f"woken: {seen}; {done.stderr.strip()}")
         assert f"queen_sync-{nobody.pw_uid}" in seen["folder"], (
             f"the folder is named for another user than the one owning its files: {seen}")
+
+
+def _plant_in_name_folder(channel: WakeChannel, name: str, target: Path) -> None:
+    """Make the channel's folder (as any earlier waiter does), then plant a symlink as the
+    folder of lock ``name``, pointing at ``target``."""
+    with channel.subscribe("other"):
+        pass
+    os.symlink(target, os.path.join(channel.folder, sqlite_wake._digest(name)))
+
+
+class TestAReleaseTouchesOnlyWakeSockets:
+    def test_a_release_of_a_name_whose_folder_is_a_symlink_deletes_none_of_its_targets_files(
+        self, channel: WakeChannel, tmp_path: Path
+    ) -> None:
+        precious = Path(tempfile.mkdtemp(prefix="qp"))  # short: else no send is even tried
+        try:
+            for i in range(3):
+                (precious / f"file{i}.txt").write_text("keep me")
+            _plant_in_name_folder(channel, "job", precious)
+            channel.notify(["job"])
+            left = sorted(p.name for p in precious.iterdir())
+        finally:
+            shutil.rmtree(precious, ignore_errors=True)
+        assert left == ["file0.txt", "file1.txt", "file2.txt"], (
+            f"a release of 'job' deleted files outside the wake folder; left: {left}")
+
+    def test_a_release_leaves_an_entry_of_a_name_folder_that_is_no_socket_in_place(
+        self, channel: WakeChannel
+    ) -> None:
+        with channel.subscribe("job"):
+            stray = os.path.join(channel.folder, sqlite_wake._digest("job"), "notes.txt")
+            Path(stray).write_text("not a waiter")
+            channel.notify(["job"])
+            kept = os.path.exists(stray)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stray)  # the waiter's leaving would keep a non-empty folder
+        assert kept, "a release removed a regular file it took for a dead waiter's socket"
+
+
+class TestAWaiterWhoseNameFolderIsNotItsOwn:
+    def test_it_never_binds_inside_a_name_folder_that_is_a_symlink(
+        self, channel: WakeChannel, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        elsewhere = Path(tempfile.mkdtemp(prefix="qs"))
+        try:
+            _plant_in_name_folder(channel, "job", elsewhere)
+            with channel.subscribe("job") as waiter:
+                made_there = os.listdir(elsewhere)
+        finally:
+            shutil.rmtree(elsewhere, ignore_errors=True)
+        assert made_there == [], f"a waiter bound its socket through a symlink: {made_there}"
+        assert isinstance(waiter, sqlite_wake._PollingWaiter), (
+            f"a waiter behind a symlinked name folder must poll, it got {waiter}")
+        assert "poll" in caplog.text, f"the refusal must be logged: {caplog.text!r}"
+
+    def test_it_never_binds_inside_a_name_folder_others_can_write_and_the_next_one_heals(
+        self, channel: WakeChannel
+    ) -> None:
+        with channel.subscribe("other"):
+            pass
+        name_folder = os.path.join(channel.folder, sqlite_wake._digest("job"))
+        os.mkdir(name_folder)
+        os.chmod(name_folder, 0o777)
+        with channel.subscribe("job") as refused:
+            inside = os.listdir(name_folder)
+        with channel.subscribe("job") as next_waiter:
+            channel.notify(["job"])
+            woken = next_waiter.wait(1.0)
+        assert inside == [] and isinstance(refused, sqlite_wake._PollingWaiter), (
+            f"a waiter bound inside a name folder others can write: {inside}, {refused}")
+        assert isinstance(next_waiter, sqlite_wake._SocketWaiter) and woken, (
+            "the refused folder, once empty, must give way to a private one that wakes "
+            f"its waiters ({next_waiter}, woken={woken})")
+
+
+def _remove_name_folder_after_mkdir(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Let the last waiter of a name remove its folder right after each of ``times`` mkdirs."""
+    real_mkdir = os.mkdir
+    removed: list[str] = []
+
+    def mkdir_then_last_waiter_leaves(path: str, mode: int = 0o777) -> None:
+        real_mkdir(path, mode)
+        if len(removed) < times and os.path.basename(path) == sqlite_wake._digest("job"):
+            removed.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_last_waiter_leaves)
+    return removed
+
+
+class TestAWaiterRacingTheLastWaiterOfItsName:
+    def test_one_whose_folder_is_removed_many_times_before_it_binds_is_still_woken(
+        self, channel: WakeChannel, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture
+    ) -> None:
+        removed = _remove_name_folder_after_mkdir(monkeypatch, times=10)
+        with channel.subscribe("job") as waiter:
+            monkeypatch.undo()
+            channel.notify(["job"])
+            woken = waiter.wait(1.0)
+        assert len(removed) == 10, f"the race was run {len(removed)} times, not 10"
+        assert isinstance(waiter, sqlite_wake._SocketWaiter) and woken, (
+            f"a waiter that lost the race to its name's folder 10 times polls ({waiter})")
+        assert "poll" not in caplog.text, f"a lost race was logged as a fallback: {caplog.text}"
+
+    def test_one_that_loses_every_race_polls_for_this_wait_without_a_lasting_warning(
+        self, channel: WakeChannel, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with channel.subscribe("other"):
+            pass
+        removed = _remove_name_folder_after_mkdir(monkeypatch, times=10_000)
+        with caplog.at_level("WARNING", logger="queen_sync"), \
+                channel.subscribe("job") as waiter:
+            pass
+        monkeypatch.undo()
+        assert isinstance(waiter, sqlite_wake._PollingWaiter), f"no bind could work: {waiter}"
+        assert 3 < len(removed) <= 1000, f"the retries were not bounded: {len(removed)} tries"
+        assert not caplog.records, (
+            f"lost races were logged as a lasting fallback: {caplog.text!r}")
+        with channel.subscribe("job") as later:
+            channel.notify(["job"])
+            assert isinstance(later, sqlite_wake._SocketWaiter) and later.wait(1.0), (
+                "once the race is over, the next waiter is woken again")
+
+
+_UNDER_A_RESTRICTIVE_UMASK = """
+import json, os, pwd, sys
+from queen_sync._engines.sqlite_wake import WakeChannel, _SocketWaiter
+runtime, database = sys.argv[1], sys.argv[2]
+if os.geteuid() == 0:  # root writes into any folder, so take a user the modes apply to
+    nobody = pwd.getpwnam("nobody")
+    os.setegid(nobody.pw_gid)
+    os.seteuid(nobody.pw_uid)
+os.umask(0o277)  # mkdir(0o700) now makes 0500 folders, bind makes 0500 sockets
+os.environ["XDG_RUNTIME_DIR"] = runtime
+waiting, releasing = WakeChannel(database), WakeChannel(database)
+with waiting.subscribe("job") as waiter:
+    releasing.notify(["job"])
+    woken = waiter.wait(1.0)
+print(json.dumps({"socket": isinstance(waiter, _SocketWaiter), "woken": woken}))
+"""
+
+
+class TestAProcessWithARestrictiveUmask:
+    def test_its_waiters_are_woken_on_release(self, tmp_path: Path) -> None:
+        runtime = Path(tempfile.mkdtemp(prefix="qu"))  # short: a socket path holds ~100 bytes
+        try:
+            if os.geteuid() == 0:
+                nobody = pwd.getpwnam("nobody")
+                os.chown(runtime, nobody.pw_uid, nobody.pw_gid)
+            runtime.chmod(0o700)
+            done = subprocess.run(
+                [sys.executable, "-c", _UNDER_A_RESTRICTIVE_UMASK, str(runtime),
+                 str(tmp_path / "q.db")],
+                capture_output=True, text=True, timeout=30, check=False)
+        finally:
+            shutil.rmtree(runtime, ignore_errors=True)
+        assert done.returncode == 0, f"the probe failed: {done.stderr}"
+        seen = json.loads(done.stdout)
+        assert seen["socket"] and seen["woken"], (
+            f"under umask 0o277 a waiter is not woken on release: {seen}; "
+            f"{done.stderr.strip()}")
+
+
+_STRAY_KINDS = ("file", "fifo", "folder", "symlink_to_file", "symlink_to_socket")
+
+
+def _plant_stray(folder: str, kind: str, index: int, outside: Path) -> str:
+    """Put an entry that is no waiter's socket in ``folder``; return its path."""
+    path = os.path.join(folder, f"stray{index}")
+    if kind == "file":
+        Path(path).write_text("not a waiter")
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "folder":
+        os.mkdir(path, 0o700)
+    else:
+        os.symlink(outside / ("f" if kind == "symlink_to_file" else "s"), path)
+    return path
+
+
+def _remove_stray(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.rmdir(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _received(sock: socket.socket) -> bool:
+    try:
+        sock.recv(16)
+    except BlockingIOError:
+        return False
+    return True
+
+
+class TestReleasesAmongStrayEntries:
+    @settings(max_examples=int(os.environ.get("QUEEN_SYNC_WAKE_EXAMPLES", "40")),
+              deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(strays=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(_STRAY_KINDS)),
+                           max_size=6),
+           released=st.sets(st.sampled_from(["a", "b", "c"]), min_size=1))
+    def test_a_release_wakes_its_waiters_and_leaves_every_stray_entry_and_target_alone(
+        self, channel: WakeChannel, strays: list[tuple[str, str]], released: set[str]
+    ) -> None:
+        outside = Path(tempfile.mkdtemp(prefix="qo"))  # short: a socket path holds ~100 bytes
+        (outside / "f").write_text("keep me")
+        target = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        target.bind(str(outside / "s"))
+        target.setblocking(False)
+        try:
+            with channel.subscribe("a") as on_a, channel.subscribe("b") as on_b:
+                # "c" has no waiter, only a symlink planted as its folder.
+                os.symlink(outside, os.path.join(channel.folder, sqlite_wake._digest("c")))
+                planted = [_plant_stray(os.path.join(channel.folder, sqlite_wake._digest(name)),
+                                        kind, i, outside) for i, (name, kind) in enumerate(strays)]
+                channel.notify(sorted(released))
+                woken = sorted(name for name, w in (("a", on_a), ("b", on_b)) if w.wait(0.0))
+                gone = [p for p in planted if not os.path.lexists(p)]
+                for path in planted:
+                    _remove_stray(path)  # so that the waiters' leaving empties the folder
+                os.unlink(os.path.join(channel.folder, sqlite_wake._digest("c")))
+            reached_outside = _received(target)
+            outside_left = sorted(p.name for p in outside.iterdir())
+        finally:
+            target.close()
+            shutil.rmtree(outside, ignore_errors=True)
+        assert not reached_outside, "a release sent to a socket outside through a symlink"
+        assert woken == sorted(released & {"a", "b"}), (
+            f"releasing {sorted(released)} woke the waiters on {woken}")
+        assert not gone, f"a release removed entries that were no waiter's socket: {gone}"
+        assert outside_left == ["f", "s"], (
+            f"a release removed files outside the wake folder; left: {outside_left}")
