@@ -166,7 +166,8 @@ class Queen:
         self._closed = False
         self._closing = False  # set first by close(): from then on nothing new is acquired
         self._acquires = 0  # acquires in flight, which close() waits for
-        self._acquires_done = threading.Condition(threading.Lock())
+        self._new_acquire_count()
+        self._in_flight = _AcquireInFlight(self)  # it keeps no state of its own: one serves all
         self.metrics = Metrics()
         self._caller = _HandleCaller(self)
         self.renewer = Renewer(self._caller)
@@ -261,7 +262,8 @@ class Queen:
     # ---- calls (the one place answers are checked against the route's promise) ----------
 
     def _call(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._check_open()
+        if self._closed:
+            raise self._closed_error()
         answer = self._engine.call(route, body)
         if not isinstance(answer, dict):
             raise ProtocolError(f"{route} answered {type(answer).__name__}, not an object",
@@ -294,10 +296,6 @@ class Queen:
             raise ProtocolError("transaction answered without 'success'", route="transaction")
         return Result(answer)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise self._closed_error()
-
     def _check_accepting(self) -> None:
         if self._closing:
             raise self._closed_error()
@@ -305,8 +303,13 @@ class Queen:
     def _closed_error(self) -> QueenError:
         return QueenError(f"this Queen client ({self.url}) is closed")
 
+    def _new_acquire_count(self) -> None:
+        # The plain lock is entered on every acquire's path, the condition only by close().
+        self._acquires_mutex = threading.Lock()
+        self._acquires_done = threading.Condition(self._acquires_mutex)
+
     def _acquiring(self) -> ContextManager[None]:
-        return _AcquireInFlight(self)
+        return self._in_flight
 
     # ---- loss handlers, off the renewer thread -------------------------------------------
 
@@ -358,7 +361,7 @@ class Queen:
 
     def _after_fork_in_child(self) -> None:
         self._acquires = 0  # the parent's threads in flight are not in this process
-        self._acquires_done = threading.Condition(threading.Lock())
+        self._new_acquire_count()
         self.renewer.after_fork()
         self._losses = LossDispatcher()  # the parent's handler threads are not in this process
         self.metrics = Metrics()
@@ -389,13 +392,13 @@ class _AcquireInFlight:
 
     def __enter__(self) -> None:
         client = self._client
-        with client._acquires_done:
+        with client._acquires_mutex:
             client._check_accepting()
             client._acquires += 1
 
     def __exit__(self, *exc_info: object) -> None:
         client = self._client
-        with client._acquires_done:
+        with client._acquires_mutex:
             client._acquires -= 1
             # Only close() waits, and it sets _closing under this lock before it does.
             if client._acquires == 0 and client._closing:
@@ -433,10 +436,10 @@ class _HandleCaller:
         return self._client._engine
 
     def acquiring(self) -> ContextManager[None]:
-        return self._client._acquiring()
+        return self._client._in_flight  # as ``_acquiring()``, a call less on every acquire
 
     def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
-        return self._client._call_locks(ops)
+        return self._client._call_ops("locks", ops)  # as ``_call_locks``, a call less
 
     def call_kv(self, ops: list[dict[str, Any]]) -> list[Result]:
         return self._client._call_kv(ops)

@@ -41,6 +41,13 @@ class Metrics:
         with self._lock:
             self._held = max(0, self._held + delta)
 
+    def released(self, *, held: bool) -> None:
+        """One release call answered: counted, and out of the ``held`` gauge when it held."""
+        with self._lock:
+            self._counts["released"] += 1
+            if held:
+                self._held = max(0, self._held - 1)
+
     def acquired(self, waited: float) -> None:
         """One acquire took a lease after ``waited`` seconds: counted, held, timed at once."""
         with self._lock:

@@ -21,6 +21,22 @@ _Hooks = tuple["weakref.WeakMethod[Callable[[float], None]]",
 _TRACKED: weakref.WeakKeyDictionary[Any, _Hooks] = weakref.WeakKeyDictionary()
 
 
+class _Forks:
+    """How many forks this process is from the one that imported the package (0: that one).
+
+    A handle compares it with the count it was made under, which costs less than asking
+    for the pid (a system call) on every acquire and release.
+    """
+
+    __slots__ = ("generation",)
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+
+forks = _Forks()
+
+
 def track(client: Any, *, close: Callable[[float], None],
           after_fork_in_child: Callable[[], None]) -> None:
     """Remember ``client``: ``close(seconds)`` runs at exit, the other hook in a forked child."""
@@ -55,6 +71,7 @@ def _close_all_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    forks.generation += 1  # first: the clients' hooks reset handles to this generation
     for _, ref in list(_TRACKED.values()):
         hook = ref()
         if hook is None:

@@ -32,11 +32,12 @@ from .._errors import (
 )
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
+from .._process import forks
 from .._results import Holder, RunResult, holders_from_wire
 from .interrupts import block_closed, block_opened, bookkeeping, interrupts_held
 
 if TYPE_CHECKING:
-    from .._engines.base import Engine
+    from .._engines.base import Capabilities, Engine
     from .caller import Caller
 
 log = logging.getLogger("queen_sync")
@@ -138,6 +139,8 @@ class Lock:
         self._owner = check_owner(owner) if owner is not None else mint_owner()
         self._explicit_owner = owner is not None
         self._pid = os.getpid()  # the process this handle's state and owner belong to
+        self._generation = forks.generation  # the same, told apart without a system call
+        self._arbitrated: Optional[Capabilities] = None  # the capabilities found to arbitrate
         if not isinstance(auto_renew, bool):
             raise TypeError("auto_renew must be True or False")
         self._ttl = ttl
@@ -159,6 +162,9 @@ class Lock:
         self._next_renew = float("inf")
         # The name, owner and ttl a renew op was checked for, and that op: see ``renew_op``.
         self._renew_base: Optional[tuple[str, str, float, dict[str, Any]]] = None
+        # The same for the acquire op (and the limit), and for the release op (the name).
+        self._acquire_base: Optional[tuple[str, str, float, int, dict[str, Any]]] = None
+        self._release_base: Optional[tuple[str, dict[str, Any]]] = None
         self._last_token: Optional[int] = None
         self._unsure = False  # a renew call failed: it may have applied, minting a token unseen
         # A permit whose release raised: kept only so release() can be retried. It may have
@@ -305,19 +311,25 @@ class Lock:
             True when this handle holds a permit, False when the wait ran out.
         """
         budget = self._default_wait if wait is None else wait_seconds(wait)
-        self._check_process()
-        require_arbitration(self._client.engine, f"lock {self.name!r}")
+        if self._generation != forks.generation:  # looked at here: on every acquire's path
+            self._check_process()
+        engine = self._client.engine
+        if engine.capabilities is not self._arbitrated:  # frozen: once judged, judged for good
+            require_arbitration(engine, f"lock {self.name!r}")
+            self._arbitrated = engine.capabilities
         if self.held:
             return True
-        supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
+        cell = cell_number()  # once: the acquire records it, and outside IPython it is None
+        if cell is not None:
+            supersede_earlier(self)  # a re-run notebook cell never waits on its own kernel
         started = time.monotonic()
-        if self._attempt(started):
+        if self._attempt(started, cell):
             return True
         if budget <= 0:
             return self._busy()
-        return self._wait_for_turn(started, started + budget)
+        return self._wait_for_turn(started, started + budget, cell)
 
-    def _wait_for_turn(self, started: float, deadline: float) -> bool:
+    def _wait_for_turn(self, started: float, deadline: float, cell: Optional[int]) -> bool:
         """Retry until ``deadline``, sleeping on the engine's wake-up between attempts.
 
         Armed only now that a first attempt failed: a free lock never pays for it.
@@ -326,7 +338,7 @@ class Lock:
         engine = self._client.engine
         with engine.subscribe(self.name) as waiter:
             # A release landing between the failed attempt and the arming woke nobody.
-            if engine.capabilities.wake_on_release and self._attempt(started):
+            if engine.capabilities.wake_on_release and self._attempt(started, cell):
                 return True
             while True:
                 left = deadline - time.monotonic()
@@ -336,7 +348,7 @@ class Lock:
                     return self._busy()
                 waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
                 backoff = min(backoff * 2, _MAX_BACKOFF)
-                if self._attempt(started):
+                if self._attempt(started, cell):
                     return True
 
     def _until_expiry(self) -> float:
@@ -346,15 +358,15 @@ class Lock:
             return _MAX_BACKOFF
         return max(0.001, min(ends) / 1000 - time.time() + 0.002)
 
-    def _attempt(self, started: float) -> bool:
+    def _attempt(self, started: float, cell: Optional[int]) -> bool:
+        """One try at the permit; ``cell`` is the IPython cell asking (None outside IPython)."""
         # Counted as in flight, so that a client closing meanwhile waits for it to land.
         with self._client.acquiring():
-            return self._attempt_in_flight(started)
+            return self._attempt_in_flight(started, cell)
 
-    def _attempt_in_flight(self, started: float) -> bool:
+    def _attempt_in_flight(self, started: float, cell: Optional[int]) -> bool:
         ttl = self._ttl
-        op = LockOps.acquire(self.name, ttl_seconds=wire_seconds(ttl), owner=self.owner,
-                             limit=self.limit if self.limit > 1 else None)
+        op = self._acquire_op(ttl)
         for _ in range(3):
             with self._io:
                 sent_at = self._client.clock.monotonic()
@@ -362,8 +374,8 @@ class Lock:
                     answer = self._client.call_locks([op])[0]
                     if answer.get("acquired"):
                         if answer.get("already"):
-                            return self._took_own(answer, ttl, started)
-                        self._took(answer, sent_at, started, ttl)
+                            return self._took_own(answer, ttl, started, cell)
+                        self._took(answer, sent_at, started, ttl, cell)
                         return True
                 except BaseException as exc:
                     if not isinstance(exc, Exception):
@@ -374,11 +386,28 @@ class Lock:
                 break
         return False
 
+    def _acquire_op(self, ttl: float) -> dict[str, Any]:
+        """The acquire op for the name, owner, ``ttl`` and limit of now.
+
+        Checked once for them, then copied: every pair of a handle sends the same op,
+        and the engine checks each op it runs.
+        """
+        base, name, owner, limit = self._acquire_base, self._name, self._owner, self.limit
+        if (base is not None and base[0] == name and base[1] == owner and base[2] == ttl
+                and base[3] == limit and type(limit) is int):
+            return dict(base[4])
+        check_int(limit, "limit", low=1, high=MAX_LIMIT)  # a plain attribute: set to anything
+        op = LockOps.acquire(name, ttl_seconds=wire_seconds(ttl), owner=owner,
+                             limit=limit if limit > 1 else None)
+        self._acquire_base = (name, owner, ttl, limit, op)
+        return dict(op)
+
     def _busy(self) -> bool:
         self._client.metrics.count("busy")
         return False
 
-    def _took_own(self, answer: dict[str, Any], ttl: float, started: float) -> bool:
+    def _took_own(self, answer: dict[str, Any], ttl: float, started: float,
+                  cell: Optional[int]) -> bool:
         """Take this owner's permit granted earlier (``already``) by renewing it now.
 
         Its engine counts its lifetime from that earlier grant, unknown here: a deadline
@@ -392,10 +421,11 @@ class Lock:
         if not renewed.get("renewed"):
             self._holders = ()
             return False
-        self._took(renewed, sent_at, started, ttl)
+        self._took(renewed, sent_at, started, ttl, cell)
         return True
 
-    def _took(self, answer: dict[str, Any], sent_at: float, started: float, ttl: float) -> None:
+    def _took(self, answer: dict[str, Any], sent_at: float, started: float, ttl: float,
+              cell: Optional[int]) -> None:
         token, slot = int(answer["token"]), int(answer["slot"])
         # Under the state lock: the renewer's expiry pass cannot mark this fresh lease lost
         # for the deadline of the one before it (``mark_lost`` takes it too).
@@ -413,7 +443,7 @@ class Lock:
                 self.lost.clear()  # the same Event object: a caller's reference stays current
             self.lost_reason = None
         self._holders = ()
-        self._taken_in, self._cell = threading.get_ident(), cell_number()
+        self._taken_in, self._cell = threading.get_ident(), cell
         self._client.metrics.acquired(time.monotonic() - started)
 
     def _abandon(self) -> None:
@@ -452,7 +482,7 @@ class Lock:
             try:
                 answer = self._client.call_locks([op])[0]
             except Exception:
-                self._unsure = True
+                self._renew_unanswered(sent_at)
                 raise
             if self.apply_renewal(answer, sent_at):
                 return True
@@ -513,10 +543,26 @@ class Lock:
         self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
         self._unsure = False
 
-    def renewal_failed(self, now: float) -> None:
-        """A renew call got no answer: try again sooner, until the local deadline."""
+    def renewal_failed(self, now: float, sent_at: Optional[float] = None) -> None:
+        """A renew call got no answer: try again sooner, until the local deadline.
+
+        ``sent_at``: when the op went out (None: it was never sent).
+        """
+        if sent_at is not None:
+            self._renew_unanswered(sent_at)
         self._unsure = True
         self._next_renew = now + min(self.renew_every, max(0.05, (self.deadline - now) / 4))
+
+    def _renew_unanswered(self, sent_at: float) -> None:
+        """A renew sent at ``sent_at`` may have applied: hold to the earlier deadline of the two.
+
+        Applied, it counts the lease from then with the lifetime it carried, which may be
+        shorter than the one the deadline counts now (``ttl`` was lowered).
+        """
+        with self._state:
+            self._unsure = True
+            if self._token is not None and sent_at + self._sending_ttl < self.deadline:
+                self._lease_ttl, self._sent_at = self._sending_ttl, sent_at
 
     # ---- release and loss --------------------------------------------------------------
 
@@ -537,18 +583,17 @@ class Lock:
                 expires by itself within its TTL. Calling ``release()`` again retries with
                 the token; acquiring again asks the engine.
         """
-        self._adopt_process()
+        if self._generation != forks.generation:  # as ``_adopt_process``, a call less
+            self.forget_after_fork()
         with self._io:
             self._client.renewer.unregister(self)
-            token, slot = self._token, self._slot
+            token, slot = self._take_token()
             counted = token is not None
             if token is None:
                 if self._unreleased is None:
                     return False
                 token, slot = self._unreleased  # retrying a release that raised
-            self._token, self._unreleased = None, None
-            if counted:
-                self._client.metrics.held(-1)
+            self._unreleased = None
             try:
                 released = self._give_back(token, slot)
             except Exception:
@@ -556,12 +601,18 @@ class Lock:
                 # skip the engine while another process holds. Not renewed, it expires
                 # within its TTL; the token stays for an explicit retry.
                 self._unreleased = (token, slot)
+                self._count_out(counted)
                 raise
             except BaseException:
+                self._count_out(counted)
                 self._abandon()  # interrupted mid-call: the engine may still have it
                 raise
-        self._client.metrics.count("released")
+        self._client.metrics.released(held=counted)
         return released
+
+    def _count_out(self, counted: bool) -> None:
+        if counted:
+            self._client.metrics.held(-1)
 
     def begin_release(self) -> Optional[dict[str, Any]]:
         """Stop holding, for a release sent in a batch: the op to send (None: nothing held).
@@ -571,15 +622,15 @@ class Lock:
         does, the permit counts as one whose release raised: ``release()`` retries it.
         """
         self._client.renewer.unregister(self)
-        token, slot = self._token, self._slot
+        token, slot = self._take_token()
         if token is not None:
             self._client.metrics.held(-1)
         elif self._unreleased is not None:
             token, slot = self._unreleased
         else:
             return None
-        self._token, self._unreleased = None, (token, slot)
-        return LockOps.release(self.name, token=token, slot=slot)
+        self._unreleased = (token, slot)
+        return self._release_op(token, slot)
 
     def end_release(self, answer: dict[str, Any]) -> bool:
         """Apply the answer to ``begin_release``'s op; True when the engine gave it back."""
@@ -589,8 +640,34 @@ class Lock:
             return True
         return self._release_mine() if self._unsure else False
 
+    def _release_op(self, token: int, slot: Optional[int]) -> dict[str, Any]:
+        """The release op for ``token`` and ``slot``, its name checked once (as ``renew_op``)."""
+        base, name = self._release_base, self._name
+        if base is None or base[0] != name:
+            op = LockOps.release(name, token=token, slot=slot)
+            self._release_base = (name, op)
+            return dict(op)
+        op = dict(base[1])
+        op["token"] = token
+        if slot is None:
+            op.pop("slot", None)
+        else:
+            op["slot"] = slot
+        return op
+
+    def _take_token(self) -> tuple[Optional[int], Optional[int]]:
+        """Stop holding: the token and slot held until now (None when nothing was held).
+
+        Under the state lock, as ``mark_lost`` clears it: whichever of the two takes the
+        token counts the lease out, the other finds nothing.
+        """
+        with self._state:
+            token, slot = self._token, self._slot
+            self._token = None
+        return token, slot
+
     def _give_back(self, token: int, slot: Optional[int]) -> bool:
-        answer = self._client.call_locks([LockOps.release(self.name, token=token, slot=slot)])[0]
+        answer = self._client.call_locks([self._release_op(token, slot)])[0]
         if answer.get("released"):
             return True
         # A renew whose answer was lost may have moved the row past the token known here.
@@ -609,19 +686,23 @@ class Lock:
             self._client.renewer.unregister(self)
             self.lost_reason = reason
             self.lost.set()
+            # With ``lost``: a handler added after this runs from ``on_lost``, not twice.
+            handlers = list(self._handlers)
         self._client.metrics.held(-1)
         self._client.metrics.count(f"lost_{reason}")
         log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
-        for handler in list(self._handlers):
+        for handler in handlers:
             self._client.dispatch(handler, reason, self)
 
     def on_lost(self, fn: Callable[[str], Any]) -> Lock:
         """Call ``fn(reason)`` (off the renewer thread) when the lease is lost; returns self."""
         if not callable(fn):
             raise TypeError("on_lost takes a callable fn(reason)")
-        self._handlers.append(fn)
-        if self.lost.is_set() and self.lost_reason is not None:
-            self._client.dispatch(fn, self.lost_reason, self)
+        with self._state:  # against mark_lost: either its list has fn, or lost is seen here
+            self._handlers.append(fn)
+            reason = self.lost_reason if self.lost.is_set() else None
+        if reason is not None:
+            self._client.dispatch(fn, reason, self)
         return self
 
     # ---- using it ----------------------------------------------------------------------
@@ -727,7 +808,7 @@ class Lock:
     @bookkeeping
     def __exit__(self, *exc_info: Any) -> None:
         with interrupts_held():
-            if self._blocks > 0 and self._pid == os.getpid():
+            if self._blocks > 0 and self._generation == forks.generation:
                 # From any thread: a generator suspended in the block may be closed elsewhere.
                 self._exit_block()
             else:
@@ -863,15 +944,13 @@ class Lock:
 
     def _adopt_process(self) -> None:
         """In a process forked from the one this handle was used in, start afresh."""
-        if self._pid != os.getpid():
+        if self._generation != forks.generation:
             self.forget_after_fork()
 
     def _check_process(self) -> None:
-        pid = os.getpid()  # once: each look is a system call, on every acquire's path
-        if self._pid == pid:
-            return
+        """In a forked child: start afresh, or refuse a handle given its owner (see below)."""
         self.forget_after_fork()
-        if self._pid != pid:  # only a handle given its owner= stays the parent's
+        if self._generation != forks.generation:  # only one given owner= stays the parent's
             raise LockError(
                 f"lock {self.name!r}: this handle was given owner={self.owner!r} in process "
                 f"{self._pid}, and this process was forked from it; one owner is one holder, "
@@ -887,6 +966,7 @@ class Lock:
         self._reset_state()
         if not self._explicit_owner:
             self._owner, self._pid = mint_owner(), os.getpid()
+            self._generation = forks.generation
 
     def __repr__(self) -> str:
         if self.held:

@@ -243,7 +243,7 @@ class Renewer:
         self.calls += 1
         call = self._await(_Call(lambda: self._client.call_locks(ops)).start(), nearest)
         if call.error is not None:
-            self._failed(locks, call.error)
+            self._failed(locks, call.error, sent_at)
             return
         self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
         late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
@@ -265,7 +265,7 @@ class Renewer:
                 _, nearest = self._expire(clock.monotonic())
         return call
 
-    def _failed(self, locks: list[Lock], error: BaseException) -> None:
+    def _failed(self, locks: list[Lock], error: BaseException, sent_at: float) -> None:
         if isinstance(error, StoreReplacedError):
             log.error("the store was replaced; %d lease(s) renewed there are lost: %s",
                       len(locks), error)
@@ -277,7 +277,7 @@ class Renewer:
         self._client.metrics.count("renew_error")
         now = self._client.clock.monotonic()
         for lock in locks:
-            lock.renewal_failed(now)
+            lock.renewal_failed(now, sent_at)
 
     def _give_back(self, ops: list[dict[str, Any]]) -> None:
         """Release permits renewed by answers that came after their leases' deadlines."""
