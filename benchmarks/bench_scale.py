@@ -1,13 +1,15 @@
 """What holding many leases costs, on SQLite, PostgreSQL and HTTP, measured in one run.
 
     python benchmarks/bench_scale.py [--quick] [--url URL] [--leases N] [--close N]
+                                     [--engines sqlite,postgres,http] [--only tick]
 
 1. one renew tick of a client holding 10,000 leases (``--quick``: 2,000): its wall time,
    beside the same number of renews sent as ONE raw ``q.locks.batch`` call by another
    client (the engine's own cost, with no handle in it), on each engine; on PostgreSQL
    also beside the ceiling: the same renews as bare guarded UPDATEs over arrays, one
    durable transaction per engine chunk, with no advisory lock, no row read back and no
-   semantics (what the database's writes alone cost);
+   semantics (what the database's writes alone cost); on SQLite beside the same renews as
+   bare guarded UPDATEs in one transaction of the file;
 2. ``close()`` of a client holding 5,000 leases (``--quick``: 1,000): its wall time
    against its 3 s budget, and how many leases a fresh client still finds held, beside
    how many one ``release()`` per lease gives back in the same 3 s;
@@ -26,6 +28,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -132,6 +135,40 @@ class BareRenewal:
         return time.perf_counter() - started
 
 
+class BareSqliteRenewal:
+    """The ceiling on SQLite: the same renews as bare guarded UPDATEs in ONE transaction of
+    the engine's file, the counter read and written once, with no semantics around them."""
+
+    def __init__(self, url: str, answers: list[dict[str, object]]) -> None:
+        self.path = url[len("sqlite://"):]
+        self.tokens = {f"bare-{i:05d}#0": int(str(a["token"])) for i, a in enumerate(answers)}
+
+    def seconds(self) -> float:
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA synchronous=NORMAL")  # the engine's default
+            started = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            counter = conn.execute("SELECT value FROM queen_meta WHERE name = 'version'")
+            first = int(counter.fetchone()[0]) + 1
+            now = int(time.time() * 1000)
+            rows = [(first + i, now + 3_600_000, now, token, LOCKS_NS, key, token)
+                    for i, (key, token) in enumerate(self.tokens.items())]
+            changed = conn.executemany(
+                "UPDATE queen_kv SET version = ?, expires_at = ?, updated_at = ?, prev_version = ?"
+                " WHERE ns = ? AND key = ? AND version = ?", rows).rowcount
+            conn.execute("UPDATE queen_meta SET value = ? WHERE name = 'version'",
+                         (first + len(rows) - 1,))
+            conn.execute("COMMIT")
+            took = time.perf_counter() - started
+        finally:
+            conn.close()
+        if changed != len(rows):
+            raise SystemExit("a bare SQLite renew missed its row")
+        self.tokens = {key: row[0] for key, row in zip(self.tokens, rows)}
+        return took
+
+
 def tick_seconds(url: str, leases: int, kind: str) -> tuple[float, float, Optional[float], str]:
     """Medians of three ticks, three raw batches and (PostgreSQL) three bare passes, taken
     in turn so that noise hits all alike."""
@@ -139,8 +176,10 @@ def tick_seconds(url: str, leases: int, kind: str) -> tuple[float, float, Option
         # A long lifetime renewed every second: every lease is due after one second.
         locks = hold(q, [f"tick-{i:05d}" for i in range(leases)], renew_every=1.0)
         answers = hold_on_the_wire(raw, [f"raw-{i:05d}" for i in range(leases)])
-        bare = BareRenewal(url, hold_on_the_wire(
-            raw, [f"bare-{i:05d}" for i in range(leases)])) if kind == "postgres" else None
+        bare: Optional[BareRenewal | BareSqliteRenewal] = None
+        if kind in ("postgres", "sqlite"):
+            held = hold_on_the_wire(raw, [f"bare-{i:05d}" for i in range(leases)])
+            bare = BareRenewal(url, held) if kind == "postgres" else BareSqliteRenewal(url, held)
         ticks, batches, floors = [], [], []
         for _ in range(3):
             ticks.append(timed_tick(q, locks))
@@ -148,7 +187,7 @@ def tick_seconds(url: str, leases: int, kind: str) -> tuple[float, float, Option
             if bare is not None:
                 floors.append(bare.seconds())
         measured_at = load()
-        if bare is not None:
+        if isinstance(bare, BareRenewal):
             bare.conn.close()
     return (statistics.median(ticks), statistics.median(batches),
             statistics.median(floors) if floors else None, measured_at)
@@ -251,6 +290,8 @@ def main() -> None:
     parser.add_argument("--close", type=int, help="leases held by the closing client")
     parser.add_argument("--engines", default="sqlite,postgres,http",
                         help="comma-separated engines to measure (default: all three)")
+    parser.add_argument("--only", choices=["tick", "close", "acquire"], action="append",
+                        help="run only these sections (repeatable; default: all)")
     args = parser.parse_args()
     leases = args.leases or (2_000 if args.quick else 10_000)
     closing = args.close or (1_000 if args.quick else 5_000)
@@ -272,10 +313,14 @@ def main() -> None:
         every: dict[str, Callable[[str], str]] = {"sqlite": sqlite, "postgres": postgres,
                                                   "http": http}
         engines = {kind: every[kind] for kind in args.engines.split(",")}
-        bench_ticks({kind: fresh("tick") for kind, fresh in engines.items()}, leases)
-        bench_close({kind: fresh("close") for kind, fresh in engines.items()}, closing)
-        bench_acquire({k: f for k, f in engines.items() if k != "http"}, leases,
-                      1.0 if args.quick else 3.0)
+        chosen = set(args.only or ["tick", "close", "acquire"])
+        if "tick" in chosen:
+            bench_ticks({kind: fresh("tick") for kind, fresh in engines.items()}, leases)
+        if "close" in chosen:
+            bench_close({kind: fresh("close") for kind, fresh in engines.items()}, closing)
+        if "acquire" in chosen:
+            bench_acquire({k: f for k, f in engines.items() if k != "http"}, leases,
+                          1.0 if args.quick else 3.0)
     m.summary()
 
 

@@ -153,9 +153,8 @@ def checked_lock_ops(ops: Sequence[Any]) -> CheckedLockOps:
     """Validate a locks body's ops (raising at the first bad one) and mint missing owners."""
     if len(ops) == 1:  # a handle's every call: no loop and no list to build
         return CheckedLockOps((_with_owner(check_lock_op(ops[0])),))
-    for op in ops:
-        check_lock_op(op)
-    return CheckedLockOps(tuple([_with_owner(op) for op in ops]))
+    # One pass: a tick's thousands of renews are each checked, and kept, in one step.
+    return CheckedLockOps(tuple([_with_owner(check_lock_op(op)) for op in ops]))
 
 
 def _with_owner(op: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -286,16 +285,26 @@ def _renews(row: Row, token: int, owner: Optional[str]) -> bool:
 
 
 def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
-    token = op["token"]
-    for slot, row in _candidates(step, op):
-        if _renews(row, token, op.get("owner")):
-            # Renewing always mints, a resend too; what it presented is the owner's floor.
-            new = step.txn.next_version()
-            step.write(Row(row.ns, row.key, row.value, new, step.expires_at(op), row.created_at,
-                           step.now, prev_version=token))
-            return {"renewed": True, "slot": slot, "token": new,
-                    "guard": guard_op(op["name"], slot, new)}
+    token, owner = op["token"], op.get("owner")
+    if "slot" in op:  # a handle's every renew: its one permit, read without a list
+        slot = op["slot"]
+        row = step.live(LOCKS_NS, permit_key(op["name"], slot))
+        if row is not None and _renews(row, token, owner):
+            return _renewed(step, op, slot, row)
+    else:
+        for slot, row in _permits(step, op["name"]):
+            if _renews(row, token, owner):
+                return _renewed(step, op, slot, row)
     return {"renewed": False, "reason": "lost", "holders": _holders(_permits(step, op["name"]))}
+
+
+def _renewed(step: _Step, op: Mapping[str, Any], slot: int, row: Row) -> dict[str, Any]:
+    # Renewing always mints, a resend too; what it presented is the owner's floor.
+    new = step.txn.next_version()
+    step.write(Row(row.ns, row.key, row.value, new, step.expires_at(op), row.created_at,
+                   step.now, prev_version=op["token"]))
+    return {"renewed": True, "slot": slot, "token": new,
+            "guard": guard_op(op["name"], slot, new)}
 
 
 def _release(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:

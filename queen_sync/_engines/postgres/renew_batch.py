@@ -17,6 +17,7 @@ the token it presented still renews for its owner (it is the row's floor).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -28,6 +29,8 @@ from ..storage import Row
 from .scripted import NotScripted
 from .sql import Statements, array_literal
 from .txn import entity_of, lock_statements
+
+_loads = json.JSONDecoder().decode  # the statement sends each value as its stored JSON text
 
 
 def batch_of_renews(ops: Sequence[Mapping[str, Any]]) -> bool:
@@ -52,26 +55,38 @@ class RenewedTxn:
         self.unplanned: set[str] = set()
         self._names = {op["name"] for op in ops}
         by_key = {permit_key(op["name"], op["slot"]): op for op in ops}  # what renews read
-        self._slot_keys = set(by_key)
         sent = time.monotonic()
         records = self._send(cur, sql, ops, list(by_key))
         self._now = int(records[0][0])
         self.clock = (self._now, sent)  # the database's clock, and when it was asked
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
-        self._by_name: dict[str, list[Row]] = {name: [] for name in self._names}
-        self._made: dict[str, Row] = {}
-        for record in records:
-            if record[4] is None:
-                continue  # the empty slot of a refused renew
-            row = Row(*record[3:])
-            self._rows[(row.ns, row.key)] = row
-            self._by_name[record[2]].append(row)
-            if record[1] is not None:
-                self._made[row.key] = self._written(row, by_key[row.key], int(record[1]))
+        self._by_name: dict[str, list[Row]] = {}
+        self._ops = by_key
+        self._tokens: dict[str, int] = {}  # slot key -> the token the statement wrote there
+        self._read(records)
         # Only a refused renew's name was read whole: a renewed one is its slot row alone.
-        self._whole = {op["name"] for key, op in by_key.items() if key not in self._made}
-        self._next: Optional[Row] = None  # the made row the semantics are about to write
-        self._written_keys: set[str] = set()
+        self._whole = {op["name"] for key, op in by_key.items() if key not in self._tokens}
+        self._next: Optional[str] = None  # the key whose renewal the semantics are making
+        self._written: dict[tuple[str, str], Row] = {}  # the rows they wrote, each checked
+
+    def _read(self, records: Sequence[Any]) -> None:
+        """The rows as they stood, by key and by name, and the tokens written.
+
+        A tick reads thousands: no row is built here that the semantics do not read.
+        """
+        rows, by_name, tokens = self._rows, self._by_name, self._tokens
+        for record in records:
+            key = record[4]
+            if key is None:
+                continue  # the empty slot of a refused renew
+            value = record[5]
+            row = Row(record[3], key, None if value is None else _loads(value), record[6],
+                      record[7], record[8], record[9], record[10])
+            rows[(record[3], key)] = row
+            if record[1] is not None:
+                tokens[key] = int(record[1])
+            else:
+                by_name.setdefault(record[2], []).append(row)
 
     @staticmethod
     def _send(cur: psycopg.Cursor[Any], sql: Statements, ops: Sequence[Mapping[str, Any]],
@@ -87,28 +102,22 @@ class RenewedTxn:
             pass
         return cur.fetchall()
 
-    def _written(self, old: Row, op: Mapping[str, Any], token: int) -> Row:
-        """The row the statement wrote over ``old`` for ``op``, as the semantics would."""
-        return Row(LOCKS_NS, old.key, old.value, token,
-                   self._now + int(op["ttlSeconds"]) * 1000, old.created_at, self._now,
-                   prev_version=op["token"])
-
     @property
     def wrote(self) -> bool:
         """Whether the statement wrote (and committed) a permit."""
-        return bool(self._made)
+        return bool(self._tokens)
 
     def disagree(self, what: str) -> EngineError:
         """The error for a statement the semantics would not have run: raised after it
         committed, so it says how many renewals it made (``committed``)."""
         return EngineError(
             f"PostgreSQL's one-statement renewal of {len(self._names)} leases renewed and "
-            f"committed {len(self._made)} of them, but the semantics {what}; please report "
+            f"committed {len(self._tokens)} of them, but the semantics {what}; please report "
             "this (those renewals stand: resending them as the same owner renews them again)",
-            committed=len(self._made))
+            committed=len(self._tokens))
 
     def _need(self, what: str) -> NotScripted:
-        if self._made:
+        if self._tokens:
             raise self.disagree(what)
         return NotScripted(what)
 
@@ -116,11 +125,11 @@ class RenewedTxn:
         return self._now
 
     def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
-        if ns != LOCKS_NS or (key not in self._slot_keys
+        if ns != LOCKS_NS or (key not in self._ops
                               and entity_of(ns, key)[1:] not in self._whole):
             raise self._need(f"read {ns}/{key}")
         # A renew reads its slot first: what it then writes must be what the statement did.
-        self._next = self._made.get(key)
+        self._next = key if key in self._tokens else None
         row = self._rows.get((ns, key))
         return row if row is not None and row.live_at(now_ms) else None
 
@@ -129,20 +138,32 @@ class RenewedTxn:
         name = prefix[:-1]
         if ns != LOCKS_NS or not prefix.endswith("#") or name not in self._whole:
             raise self._need(f"scanned {ns}/{prefix}*")
-        rows = [row for row in self._by_name[name]
+        rows = [row for row in self._by_name.get(name, ())
                 if row.live_at(now_ms) and row.key > (after or "")]
         return sorted(rows, key=lambda row: row.key)[:limit]
 
     def next_version(self) -> int:
         if self._next is None:
             raise self._need("drew a version")
-        return self._next.version
+        return self._tokens[self._next]
 
     def write(self, row: Row) -> None:
-        if row != self._next or row.key in self._written_keys:
+        key = self._next
+        if key is None or not self._as_written(row, key) or (LOCKS_NS, key) in self._written:
             raise self._need(f"wrote {row}")
-        self._written_keys.add(row.key)
+        self._written[(LOCKS_NS, key)] = row
         self._next = None
+
+    def _as_written(self, row: Row, key: str) -> bool:
+        """Whether ``row`` is exactly what the statement wrote at ``key``: its SET clause
+        over the row it read (compared field by field: a tick builds no row to compare)."""
+        old, op, now = self._rows[(LOCKS_NS, key)], self._ops[key], self._now
+        assert old is not None  # the statement renewed a row it read
+        return (row.ns == LOCKS_NS and row.key == key and row.value == old.value
+                and row.version == self._tokens[key]
+                and row.expires_at == now + int(op["ttlSeconds"]) * 1000
+                and row.created_at == old.created_at and row.updated_at == now
+                and row.prev_version == op["token"])
 
     def delete(self, ns: str, key: str) -> None:
         raise self._need(f"deleted {ns}/{key}")
@@ -151,11 +172,11 @@ class RenewedTxn:
         raise self._need(f"freed {name!r}")
 
     def rows(self) -> dict[tuple[str, str], Optional[Row]]:
-        """The rows the statement read, as it left them."""
-        return {**self._rows, **{(row.ns, row.key): row for row in self._made.values()}}
+        """The rows the statement read, as it left them (the renewed ones as written)."""
+        return {**self._rows, **self._written}
 
     def commit_script(self) -> list[tuple[str, Sequence[Any]]]:
         """Nothing: the statement committed; only checks the semantics wrote what it did."""
-        if self._written_keys != set(self._made):
-            raise self.disagree(f"wrote {len(self._written_keys)} of them")
+        if len(self._written) != len(self._tokens):
+            raise self.disagree(f"wrote {len(self._written)} of them")
         return []
