@@ -49,6 +49,7 @@ _current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
 )
 
 _MAX_BACKOFF = 1.0
+_RENEW_BY = 2 / 3  # of a lease's lifetime: the latest point its next renew is planned for
 _OWNER_CHECK = 0.1  # seconds between looks at whether the thread inside a block still lives
 
 
@@ -431,7 +432,7 @@ class Lock:
         # for the deadline of the one before it (``mark_lost`` takes it too).
         with self._state:
             self._lease_ttl, self._sent_at = ttl, sent_at  # before the token: never a late view
-            self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+            self._next_renew = self._renew_planned(sent_at, ttl)
             # Registered before the token is set: a fork from another thread in between
             # leaves a child either no token or a registered handle, which its reset empties.
             self._client.renewer.register(self)
@@ -540,8 +541,20 @@ class Lock:
         self._token, self._slot = int(answer["token"]), int(answer["slot"])
         self._last_token = self._token
         self._lease_ttl, self._sent_at = self._sending_ttl, sent_at  # ttl first: never late
-        self._next_renew = sent_at + self.renew_every if self.auto_renew else float("inf")
+        self._next_renew = self._renew_planned(sent_at, self._sending_ttl)
         self._unsure = False
+
+    def _renew_planned(self, sent_at: float, ttl: float) -> float:
+        """When to renew a lease sent at ``sent_at`` with the lifetime ``ttl`` its op carried.
+
+        Not from ``renew_every`` alone: ``ttl`` may have been raised while the op was in
+        flight, and a default period with it, past this lease's deadline. At least a
+        third of the lease is left for the renew to land.
+        """
+        if not self.auto_renew:
+            return float("inf")
+        longest = ttl / 3 if self._chosen_renew_every is None else ttl * _RENEW_BY
+        return sent_at + min(self.renew_every, longest)
 
     def renewal_failed(self, now: float, sent_at: Optional[float] = None) -> None:
         """A renew call got no answer: try again sooner, until the local deadline.
@@ -586,8 +599,10 @@ class Lock:
         if self._generation != forks.generation:  # as ``_adopt_process``, a call less
             self.forget_after_fork()
         with self._io:
-            self._client.renewer.unregister(self)
             token, slot = self._take_token()
+            # After the token is gone: a child forked in between has no token, or has a
+            # registered handle that the renewer's fork hook empties (as in ``mark_lost``).
+            self._client.renewer.unregister(self)
             counted = token is not None
             if token is None:
                 if self._unreleased is None:
@@ -621,8 +636,8 @@ class Lock:
         sends the op with others, then hands the answer to ``end_release``. Until it
         does, the permit counts as one whose release raised: ``release()`` retries it.
         """
-        self._client.renewer.unregister(self)
         token, slot = self._take_token()
+        self._client.renewer.unregister(self)  # after: as in ``release``, for a fork between
         if token is not None:
             self._client.metrics.held(-1)
         elif self._unreleased is not None:
@@ -823,7 +838,7 @@ class Lock:
 
         Raises:
             LockLostError: a block nested in one whose lease was lost (see
-                ``_refuse_nested_after_loss``).
+                ``_nested_in_live_lease``).
         """
         self._adopt_process()
         started = time.monotonic()
@@ -832,12 +847,13 @@ class Lock:
             turn = self._take_turn(steps)
             if turn == "thread":
                 return turn
+            nested_in_lease = False
             if turn == "abandoned":
                 self.release()  # the dead thread's lease: a fresh one fences its work out
             elif self._blocks > 1:
-                self._refuse_nested_after_loss()
+                nested_in_lease = self._nested_in_live_lease()
             left = max(0.0, self._default_wait - (time.monotonic() - started))
-            took = self.acquire(wait=left)  # at once when held: a nested entry sends nothing
+            took = nested_in_lease or self.acquire(wait=left)
             with interrupts_held():
                 if not took:
                     steps.clear()
@@ -850,19 +866,31 @@ class Lock:
             raise
         return "in"
 
-    def _refuse_nested_after_loss(self) -> None:
-        """Raise ``LockLostError`` when the lease the outer blocks run under was lost.
+    def _nested_in_live_lease(self) -> bool:
+        """For a nested entry: True to go in under the lease held now, sending nothing.
 
-        Taking a new lease here would clear ``lost``: the outer block would never learn
-        that a rival may have run in between. Only an outermost entry takes a new lease.
+        Decided from one reading of the token and the clock: judged held, then expired
+        before a second look, the entry would take a new lease and clear ``lost``, and the
+        outer block would never learn that a rival may have run in between. Only a lease
+        given back by an explicit ``release()`` (no token, nothing lost) is taken afresh.
+
+        Raises:
+            LockLostError: the lease the outer blocks run under was lost, or has expired.
         """
-        if self._token is not None and not self.held:  # expired, not yet seen by the renewer
-            self.mark_lost("expired", past=self._client.clock.monotonic())
-        if self._token is None and self.lost.is_set():
-            raise LockLostError(
-                f"lock {self.name!r} was lost ({self.lost_reason}) under the block this one "
-                "is nested in; only an outermost block takes a new lease", name=self.name,
-                reason=self.lost_reason, token=self._last_token)
+        with self._state:
+            token, now = self._token, self._client.clock.monotonic()
+            if token is not None and now < self.deadline:
+                return True
+            lost = token is not None or self.lost.is_set()
+        if token is not None:  # expired, not yet seen by the renewer
+            self.mark_lost("expired", past=now)
+        if not lost:
+            return False
+        reason = self.lost_reason or "expired"
+        raise LockLostError(
+            f"lock {self.name!r} was lost ({reason}) under the block this one is nested in; "
+            "only an outermost block takes a new lease", name=self.name, reason=reason,
+            token=self._last_token)
 
     def _take_turn(self, steps: list[Any]) -> str:
         """Count this thread in, waiting (within ``wait``) while another thread is inside."""

@@ -1,9 +1,10 @@
-"""A child forked while another thread is taking a lease never believes it holds it."""
+"""A child forked while another thread is taking or giving back a lease never believes it
+holds it."""
 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -66,3 +67,33 @@ class TestAnInterruptWhileALeaseIsTaken:
             lock.acquire()
         assert lock not in mq.renewer.held(), "an acquire cut short left the handle registered"
         assert not lock.held, f"{lock!r} believes it holds after an interrupted acquire"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+class TestAForkWhileALeaseIsReleased:
+    @pytest.mark.parametrize("how", ["release", "begin_release"])
+    def test_leaves_the_child_holding_nothing_when_it_lands_as_the_renewer_forgets_it(
+        self, mq: qs.Queen, how: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        lock = mq.lock("job", ttl=30)
+        assert lock.acquire(), "a fresh store must grant the lease"
+        unregister: Callable[[qs.Lock], None] = mq.renewer.unregister
+        seen: list[bool] = []
+
+        def unregister_then_fork(handle: qs.Lock) -> None:
+            unregister(handle)
+            seen.append(child_believes_it_holds(handle))  # the renewer's reset misses it now
+
+        monkeypatch.setattr(mq.renewer, "unregister", unregister_then_fork)
+        op: Optional[dict[str, Any]] = None
+        if how == "release":
+            assert lock.release(), "the engine should give the permit back"
+        else:
+            op = lock.begin_release()
+        assert op is not None or how == "release", "begin_release must build the release op"
+        assert seen and not any(seen), (
+            f"a child forked as {how}() unregistered the lease believes it holds its "
+            f"parent's lease, with the parent's token ({seen})")
+        monkeypatch.undo()
+        if op is not None:
+            assert lock.release(), "the release begun should be retried and land"
