@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
+from types import FrameType
 from typing import (
     Any,
     Callable,
@@ -165,7 +167,6 @@ class Queen:
         self._threaded = renew_thread
         self._closed = False
         self._closing = False  # set first by close(): from then on nothing new is acquired
-        self._acquires = 0  # acquires in flight, which close() waits for
         self._new_acquire_count()
         self._in_flight = _AcquireInFlight(self)  # it keeps no state of its own: one serves all
         self.metrics = Metrics()
@@ -304,9 +305,29 @@ class Queen:
         return QueenError(f"this Queen client ({self.url}) is closed")
 
     def _new_acquire_count(self) -> None:
-        # The plain lock is entered on every acquire's path, the condition only by close().
-        self._acquires_mutex = threading.Lock()
-        self._acquires_done = threading.Condition(self._acquires_mutex)
+        # Acquires in flight, by the frame of their attempt and its thread. Each step is one
+        # dict operation, which a KeyboardInterrupt cannot split and no lock guards: an
+        # interrupt can only leave an entry whose frame is gone, which close() sees as landed.
+        self._flights: dict[FrameType, int] = {}
+        self._landed = threading.Event()  # set when the last one lands while closing
+        self._close_claim = threading.Lock()  # taken once, never released: one close() runs
+
+    @property
+    def _acquires(self) -> int:
+        """How many acquires are still in flight (their attempt is still running)."""
+        return sum(1 for frame, thread in list(self._flights.items())
+                   if _still_running(frame, thread))
+
+    def _wait_for_acquires(self, timeout: float) -> None:
+        # Polled too: a wake-up can be cut off by an interrupt in the acquire's exit.
+        deadline = time.monotonic() + timeout
+        while self._acquires:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("closing with %d acquire(s) still in flight; what they take "
+                            "expires by itself", self._acquires)
+                return
+            self._landed.wait(min(left, 0.05))
 
     def _acquiring(self) -> ContextManager[None]:
         return self._in_flight
@@ -337,14 +358,11 @@ class Queen:
         from one of them); those that do not are told in one warning and left running.
         """
         started = time.monotonic()
-        with self._acquires_done:
-            if self._closing:
-                return
-            self._closing = True  # first: an acquire from now on is refused, none is missed
-            # An acquire in flight may be granted: wait for it to register, to release it too.
-            if not self._acquires_done.wait_for(lambda: self._acquires == 0, timeout):
-                log.warning("closing with %d acquire(s) still in flight; what they take "
-                            "expires by itself", self._acquires)
+        if not self._close_claim.acquire(blocking=False):
+            return
+        self._closing = True  # first: an acquire from now on is refused, none is missed
+        # An acquire in flight may be granted: wait for it to register, to release it too.
+        self._wait_for_acquires(timeout)
         held = self.renewer.held()
         self.renewer.stop()
         if held:
@@ -360,8 +378,7 @@ class Queen:
         self._engine.close()
 
     def _after_fork_in_child(self) -> None:
-        self._acquires = 0  # the parent's threads in flight are not in this process
-        self._new_acquire_count()
+        self._new_acquire_count()  # the parent's threads in flight are not in this process
         self.renewer.after_fork()
         self._losses = LossDispatcher()  # the parent's handler threads are not in this process
         self.metrics = Metrics()
@@ -392,17 +409,31 @@ class _AcquireInFlight:
 
     def __enter__(self) -> None:
         client = self._client
-        with client._acquires_mutex:
-            client._check_accepting()
-            client._acquires += 1
+        flights = client._flights
+        attempt = sys._getframe(1)
+        flights[attempt] = threading.get_ident()
+        # Registered before the check: close() sets _closing before it looks (GIL order).
+        if client._closing:
+            flights.pop(attempt, None)
+            raise client._closed_error()
 
     def __exit__(self, *exc_info: object) -> None:
         client = self._client
-        with client._acquires_mutex:
-            client._acquires -= 1
-            # Only close() waits, and it sets _closing under this lock before it does.
-            if client._acquires == 0 and client._closing:
-                client._acquires_done.notify_all()
+        client._flights.pop(sys._getframe(1), None)
+        if client._closing:
+            client._landed.set()
+
+
+def _still_running(frame: FrameType, thread: int) -> bool:
+    """Whether ``frame`` is on ``thread``'s stack now (an interrupt may have unwound it)."""
+    if thread == threading.get_ident():
+        return False  # this thread is closing, so its own attempt is not running
+    current = sys._current_frames().get(thread)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 class _HandleCaller:
