@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import statistics
+import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -258,3 +259,16 @@ def contended_rate(worker: Callable[[str, float, float, Any], None], target: str
 def load_average() -> str:
     """The 1-minute load average, shown beside each figure (the machine is shared)."""
     return f"load {os.getloadavg()[0]:.2f}"
+
+
+class HandClock:
+    """A monotonic clock a benchmark moves by hand, so a tick finds every lease due."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        return event.wait(0.01)

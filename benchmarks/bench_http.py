@@ -13,25 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 from typing import Any
 
+from _measure import HandClock
+
 import queen_sync as qs
 from queen_sync.testing import LocalBroker
-
-
-class _Clock:
-    """A monotonic clock the benchmark moves by hand, so a tick finds every lease due."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        return event.wait(0.01)
 
 
 def _sent(q: qs.Queen) -> int:
@@ -58,7 +46,7 @@ def lock_call_cost(url: str, calls: int) -> dict[str, Any]:
 
 def renew_tick(url: str, leases: int) -> dict[str, Any]:
     """Hold ``leases`` leases, make them all due, and count the requests of one tick."""
-    clock = _Clock()
+    clock = HandClock()
     with qs.Queen(url, renew_thread=False, clock=clock) as q:
         held = [q.lock(f"lease-{i}", ttl=60) for i in range(leases)]
         for lock in held:

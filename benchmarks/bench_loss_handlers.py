@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable
 
+from _measure import HandClock
+
 import queen_sync as qs
 from queen_sync._handle.losses import MAX_WORKERS, LossDispatcher
 
@@ -117,20 +119,9 @@ def behind_a_slow_one() -> None:
               "after its loss")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        return event.wait(0.01)
-
-
 def real_client(leases: int) -> None:
     print(f"\n3. a client on SQLite losing {leases:,} leases in one tick ({load()})")
-    clock = Clock()
+    clock = HandClock()
     with tempfile.TemporaryDirectory() as folder, \
             qs.Queen(f"sqlite://{folder}/q.db", clock=clock, renew_thread=False) as q:
         countdown = Countdown(leases)
