@@ -32,6 +32,8 @@ from ._errors import RequestError
 
 LOCKS_NS = "queen-locks"
 MAX_LIMIT = 1024
+# Tokens and versions are 64-bit signed on every engine (PostgreSQL bigint, SQLite INTEGER).
+MAX_TOKEN = (1 << 63) - 1
 MAX_KEY_BYTES = 1024
 MAX_KEYS = 1000
 MAX_PREFIX_LIMIT = 1000
@@ -160,9 +162,14 @@ def check_value(value: Any) -> Any:
         raise _kv_error(f"value is nested deeper than {MAX_VALUE_DEPTH} levels of lists and "
                         "objects, which not every engine can read back")
     try:
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"value must be JSON-serialisable: {exc}") from exc
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: the wire is UTF-8 JSON
+        raise _kv_error(f"value is not valid UTF-8 (a lone surrogate at index {exc.start} "
+                        "of its JSON), so no engine can store it as sent") from None
     return value
 
 
@@ -191,7 +198,7 @@ def _expect(op: Mapping[str, Any], *, mandatory: bool = False) -> None:
         return
     if op["expect"] is None:
         raise ValueError("expect=None is a caller bug: omit expect for an unconditional write")
-    check_int(op["expect"], "expect", low=0)  # 0: the key must be absent
+    check_int(op["expect"], "expect", low=0, high=MAX_TOKEN)  # 0: the key must be absent
 
 
 def _optional_bool(op: Mapping[str, Any], field: str) -> None:
@@ -224,7 +231,7 @@ def check_lock_op(op: Any) -> Mapping[str, Any]:
         if "limit" in op:
             check_int(op["limit"], "limit", low=1, high=MAX_LIMIT)
     elif kind in ("renew", "release"):
-        check_int(op.get("token"), "token", low=1)
+        check_int(op.get("token"), "token", low=1, high=MAX_TOKEN)
         if "slot" in op:
             check_int(op["slot"], "slot", low=0, high=MAX_LIMIT - 1)
         if kind == "renew":
@@ -244,7 +251,7 @@ def _known_good_renew(op: dict[str, Any]) -> bool:
     name, owner, token = op.get("name"), op.get("owner"), op.get("token")
     ttl, slot = op.get("ttlSeconds"), op.get("slot", 0)
     return (type(name) is str and name in _GOOD_NAMES and type(owner) is str
-            and owner in _GOOD_OWNERS and type(token) is int and token >= 1
+            and owner in _GOOD_OWNERS and type(token) is int and 1 <= token <= MAX_TOKEN
             and type(ttl) is int and 1 <= ttl <= MAX_TTL_SECONDS
             and type(slot) is int and 0 <= slot < MAX_LIMIT)
 

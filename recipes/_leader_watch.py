@@ -9,6 +9,8 @@ while the leader renews, although the token rises at every renewal.
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +26,35 @@ log = logging.getLogger("queen_sync.recipes")
 
 #: The longest poll interval an observer accepts, so it learns of a new term in bounded time.
 MAX_OBSERVE_EVERY = 3600.0
+
+# A candidate's lease owner is its identity plus a suffix of its own: two candidates given
+# one identity (a restarted node whose predecessor still runs) are then two holders, and
+# the engine lets only one of them lead.
+_CANDIDATE_OWNER = re.compile(r"(.+)/([0-9a-f]{8})", re.DOTALL)
+_SUFFIX_BYTES = 9
+
+
+def candidate_owner(identity: str) -> str:
+    """The lease owner of one candidate shown as ``identity``."""
+    return f"{identity}/{secrets.token_hex(4)}"
+
+
+def identity_of(owner: Optional[str]) -> Optional[str]:
+    """The identity a candidate's lease owner shows (an owner of another form as it is)."""
+    if owner is None:
+        return None
+    match = _CANDIDATE_OWNER.fullmatch(owner)
+    return match.group(1) if match else owner
+
+
+def check_identity(identity: Any, max_owner_bytes: int) -> str:
+    """A candidate's identity, with room left for its owner suffix; raised before any I/O."""
+    if not isinstance(identity, str):
+        raise TypeError(f"identity must be a str, got {type(identity).__name__}")
+    room = max_owner_bytes - _SUFFIX_BYTES
+    if not identity or len(identity.encode("utf-8", "surrogatepass")) > room:
+        raise ValueError(f"identity must be 1..{room} UTF-8 bytes, got {identity!r}")
+    return identity
 
 
 @dataclass(frozen=True)
@@ -46,7 +77,8 @@ def read_leader(client: qs.Queen, name: str) -> Optional[Leader]:
     if not holders:
         return None
     top = holders[0]
-    return Leader(identity=top.get("owner"), token=int(top["token"]), since=utc(top["since"]),
+    return Leader(identity=identity_of(top.get("owner")), token=int(top["token"]),
+                  since=utc(top["since"]),
                   until=utc(top.get("expiresAt")))
 
 
@@ -88,6 +120,7 @@ class LeaderObserver:
         self.terms_seen = 0
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._starting = threading.Lock()
         self._failing = False
 
     @property
@@ -137,12 +170,13 @@ class LeaderObserver:
 
     def start(self) -> LeaderObserver:
         """Observe on a daemon thread (``on_new_leader`` runs there); returns self."""
-        if self._thread is not None and self._thread.is_alive():
-            return self
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._watch, name=f"leader-observer-{self.name}",
-                                        daemon=True)
-        self._thread.start()
+        with self._starting:  # starts racing on threads start one watch
+            if self._thread is not None and self._thread.is_alive():
+                return self
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._watch,
+                                            name=f"leader-observer-{self.name}", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self, timeout: Optional[float] = 5.0) -> None:
@@ -159,7 +193,11 @@ class LeaderObserver:
 
     def _watch(self) -> None:
         while not self._stopping.is_set():
-            self._poll_quietly()
+            try:
+                self._poll_quietly()
+            except qs.QueenError as exc:  # a closed client: no later poll can succeed
+                log.warning("observer of %r stops: %s", self.name, exc)
+                return
             self._stopping.wait(self.every)
 
     def _poll_quietly(self) -> Optional[Leader]:
@@ -170,6 +208,8 @@ class LeaderObserver:
                 log.warning("observer of %r cannot read the lock, retrying: %s", self.name, exc)
             self._failing = True
             return None
+        except qs.QueenError:
+            raise  # not the engine's: a closed client, which no retry mends
         except Exception:
             log.exception("observer of %r failed to read the lock; observing goes on",
                           self.name)

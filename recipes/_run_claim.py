@@ -82,6 +82,8 @@ class Claim:
         if self.done or not self.lock.held:
             return self.lock.release()
         txn = self._queue._q.transaction().guard(self.lock)
+        # A completion whose answer was lost may have landed: then nothing goes back.
+        txn.kv.check(RUNS_NS, self._queue._key("done", self.run_id), expect=0, required=True)
         txn.kv.put(RUNS_NS, self._queue._key("pending", self.run_id),
                    self._pending(self.state, None), forever=True, required=True)
         with contextlib.suppress(qs.LockNotHeldError):  # expired meanwhile: nothing to undo

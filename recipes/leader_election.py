@@ -68,7 +68,13 @@ from queen_sync import Duration
 
 from ._arbitration import require_arbitration
 from ._client_arg import the_client
-from ._leader_watch import Leader, LeaderObserver, read_leader
+from ._leader_watch import (
+    Leader,
+    LeaderObserver,
+    candidate_owner,
+    check_identity,
+    read_leader,
+)
 
 __all__ = ["Leader", "LeaderElection", "LeaderHealth", "LeaderObserver", "observe"]
 
@@ -76,6 +82,7 @@ log = logging.getLogger("queen_sync.recipes")
 
 #: Longest single wait on the lock, so ``stop()`` is noticed promptly.
 _MAX_CAMPAIGN_WAIT = 1.0
+_MAX_OWNER_BYTES = 256  # the longest lock owner every engine accepts
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,10 @@ class LeaderElection:
             interval (a third of ``ttl``).
         on_elected: called with the term's first token when this candidate starts leading.
         on_deposed: called with the reason when its term ends (see the module docstring).
-        identity: how this candidate appears in ``leader()``; unique per candidate.
-            Default: ``host:pid:random``.
+        identity: how this candidate appears in ``leader()`` (at most 247 UTF-8 bytes).
+            Default: ``host:pid:random``. Its lease's owner is the identity plus a suffix
+            of its own, so candidates that share an identity (a restarted node whose
+            predecessor still runs) never lead at once.
 
     Raises:
         TypeError, ValueError: for a bad ``ttl``, ``name`` or ``identity`` (before any I/O).
@@ -162,10 +171,10 @@ class LeaderElection:
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{what} must be callable")
-        owner = identity if identity is not None else _mint_identity()
-        self.lock = self._q.lock(name, ttl=ttl, owner=owner)
+        self.identity = (_mint_identity() if identity is None
+                         else check_identity(identity, _MAX_OWNER_BYTES))
+        self.lock = self._q.lock(name, ttl=ttl, owner=candidate_owner(self.identity))
         self.name = name
-        self.identity = self.lock.owner
         self.retry_every = self.lock.renew_every
         self._on_elected = on_elected
         self._on_deposed = on_deposed
@@ -175,6 +184,7 @@ class LeaderElection:
         self._resigning = False
         self._cooldown_until = 0.0
         self._thread: Optional[threading.Thread] = None
+        self._starting = threading.Lock()
         self.terms = 0
         self._last_error: Optional[str] = None
         self.lock.on_lost(lambda _reason: self._wake.set())
@@ -235,12 +245,13 @@ class LeaderElection:
 
     def start(self) -> LeaderElection:
         """Campaign on a daemon thread; returns self."""
-        if self._thread is not None and self._thread.is_alive():
-            return self
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self.run, name=f"leader-election-{self.name}",
-                                        daemon=True)
-        self._thread.start()
+        with self._starting:  # starts racing on threads start one campaign on the handle
+            if self._thread is not None and self._thread.is_alive():
+                return self
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self.run,
+                                            name=f"leader-election-{self.name}", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self, timeout: Optional[float] = 5.0) -> None:
@@ -271,6 +282,12 @@ class LeaderElection:
             log.warning("campaign for %r failed, retrying: %s", self.name, exc)
             self._last_error = str(exc)
             self._stopping.wait(self.retry_every)
+            return False
+        except qs.QueenError as exc:
+            # Not the engine's: a closed client, which no retry mends. The campaign ends.
+            log.warning("campaign for %r stops: %s", self.name, exc)
+            self._last_error = str(exc)
+            self._stopping.set()
             return False
         self._last_error = None
         if won and not self.lock.verify():

@@ -119,6 +119,8 @@ _LOCK_PREFIX = "queen-sync.run-queue/"
 _MAX_PAGE = 1000  # the wire's largest getPrefix page
 _TAKE_TRIES = 3
 _SUBMIT_CHUNK = 100
+_MAX_RUN_ID_BYTES = 180
+_MAX_LOCK_NAME_BYTES = 256  # the longest lock name every engine accepts
 _PROCESS_HOLDER: dict[int, str] = {}
 
 
@@ -175,12 +177,19 @@ class RunQueue:
     def _lock_name(self, run_id: str) -> str:
         return f"{_LOCK_PREFIX}{self.name}/{run_id}"
 
+    def _check_run_id(self, run_id: Any) -> str:
+        """A run id whose claim's lock name fits the wire's limit, with this queue's name."""
+        room = _MAX_LOCK_NAME_BYTES - len(self._lock_name("").encode("utf-8"))
+        return check_id(run_id, "run id", min(_MAX_RUN_ID_BYTES, room))
+
     def submit(self, run_id: str, payload: Any = None) -> bool:
         """Add a run; False (and nothing changes) when ``run_id`` is already known.
 
         Known means pending, or completed or dead-lettered within the retention.
+        A run id is 1..180 UTF-8 bytes without ``#`` or control characters, and less
+        with a long queue name: its claim's lock name must fit in 256 bytes.
         """
-        check_id(run_id, "run id", 180)
+        self._check_run_id(run_id)
         txn = self._q.transaction()
         self._add_new(txn, run_id, payload)
         return bool(txn.commit())
@@ -195,7 +204,7 @@ class RunQueue:
         """
         pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
         for run_id, _ in pairs:
-            check_id(run_id, "run id", 180)
+            self._check_run_id(run_id)
         added = 0
         for start in range(0, len(pairs), _SUBMIT_CHUNK):
             chunk = pairs[start:start + _SUBMIT_CHUNK]
@@ -310,7 +319,7 @@ class RunQueue:
         Returns:
             False when ``run_id`` is not among the dead letters (any more).
         """
-        check_id(run_id, "run id", 180)
+        self._check_run_id(run_id)
         record = self._q.kv.get(RUNS_NS, self._key("dead", run_id))
         if not record:
             return False
@@ -347,7 +356,7 @@ class RunQueue:
         who = check_id(holder, "holder", 200) if holder is not None else default_holder()
         self._q.lock(self._lock_name(""), ttl=ttl)  # checks ttl before any I/O; sends nothing
         if run_id is not None:
-            return self._claim_by_id(check_id(run_id, "run id", 180), who, ttl)
+            return self._claim_by_id(self._check_run_id(run_id), who, ttl)
         start = self._cursor
         after, wrapped = start, start is None
         while True:
@@ -476,6 +485,7 @@ class RunQueue:
                 claim.complete(result)
         except qs.FencedOutError as exc:
             log.warning("run %r was taken over; dropping it: %s", claim.run_id, exc)
+            claim.lock.release()  # an already completed run's claim is still this one's
             return 0
         except BaseException:
             claim.release()

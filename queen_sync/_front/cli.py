@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
 from .._durations import MIN_TTL_SECONDS, lease_seconds, parse_duration, utc_text
 from .._errors import EngineError, QueenError
-from .._ops import MAX_LIMIT
+from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
 from .._version import __version__
 from .cli_child import Child
@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="release a permit by its token (break-glass)",
         description="Release the permit of NAME held at TOKEN.")
     release.add_argument("name", metavar="NAME")
-    release.add_argument("--token", type=_int(1), required=True, help="the holder's token")
+    release.add_argument("--token", type=_int(1, MAX_TOKEN), required=True,
+                         help="the holder's token")
     release.add_argument("--slot", type=_int(0, 1023), default=None, help="the permit's slot")
     commands.add_parser(
         "ping", parents=[common], formatter_class=_Help, epilog=_PING_EPILOG,

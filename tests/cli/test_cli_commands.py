@@ -63,6 +63,7 @@ class TestBadUsage:
         ["run", "job", "--limit", "0", "--", "true"],
         ["run", "job", "--busy-exit-code", "300", "--", "true"],
         ["release", "job"],
+        ["release", "job", "--token", str(1 << 63), "--slot", "0"],
         ["holders"],
     ])
     def test_bad_arguments_exit_2_before_touching_the_engine(self, tmp_path: Path,
@@ -72,6 +73,7 @@ class TestBadUsage:
         assert done.returncode == 2, f"{argv}: exit {done.returncode}, {done.stderr!r}"
         assert "usage" in done.stderr.lower() or "queen-sync" in done.stderr
         assert not (tmp_path / "never.db").exists(), "bad usage must not open the engine"
+        assert "Traceback" not in done.stderr, f"{argv}: a message, not a crash: {done.stderr!r}"
 
     def test_an_unreachable_engine_exits_69(self, tmp_path: Path) -> None:
         done = Cli("http://127.0.0.1:9").run("ping", "--url", "http://127.0.0.1:9")

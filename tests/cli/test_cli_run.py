@@ -42,11 +42,12 @@ class TestOneHolderAtATime:
         go = tmp_path / "go"
         runs = [cli.start("run", "nightly", "--ttl", "30s", "--",
                           *child_waiting_for(go, tmp_path / f"ran-{i}.json")) for i in (0, 1)]
-        started = time.monotonic()
         loser = wait_for(lambda: next((p for p in runs if p.poll() is not None), None),
                          what="one runner to give up")
-        loser_seconds = time.monotonic() - started
         winner = runs[1 - runs.index(loser)]
+        # The busy runner gave up while the holder's child still waits for ``go``: it did
+        # not wait its turn.
+        assert winner.poll() is None, "the busy runner must exit while the lock is still held"
         reports = wait_for(lambda: list(tmp_path.glob("ran-*.json")), what="the child to start")
         go.touch()
         _, loser_err = loser.communicate(timeout=10)
@@ -56,7 +57,6 @@ class TestOneHolderAtATime:
         assert loser.returncode == BUSY_EXIT, (
             f"busy must exit 75, got {loser.returncode}: {loser_err!r}")
         assert owner in loser_err, f"busy message must name the holder {owner}: {loser_err!r}"
-        assert loser_seconds < 1.0, f"the busy runner took {loser_seconds:.2f}s to exit"
         assert winner.returncode == 0, "the winner exits with its child's code"
 
     def test_busy_exit_code_can_be_changed(self, cli: Cli, tmp_path: Path) -> None:

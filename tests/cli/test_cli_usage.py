@@ -77,7 +77,7 @@ class TestBadValues:
         (["run", "job", "--grace", "soon", "--", "true"],
          "--grace: 'soon' is not a duration (e.g. 30s, 5m, 1h30m)"),
         (["release", "job", "--token", "abc"], "--token: 'abc' is not a whole number"),
-        (["release", "job", "--token", "0"], "--token: must be at least 1, got 0"),
+        (["release", "job", "--token", "0"], "--token: must be 1..9223372036854775807, got 0"),
         (["release", "job", "--token", "1", "--slot", "x"], "--slot: 'x' is not a whole number"),
         (["run", "job", "--limit", "2k", "--", "true"], "--limit: '2k' is not a whole number"),
         (["run", "job", "--busy-exit-code", "300", "--", "true"],
