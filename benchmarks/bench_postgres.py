@@ -12,12 +12,16 @@ Starts a throwaway server with the tests' helper (``tests/pg_server.py``: it nee
    under it, committed durably; the release not waiting for the disk: this
    design's ceiling), a lease done as one bare SQL statement per call (the ceiling of any
    design with a durable acquire), and two trivial round trips (the floor of any two-call
-   pair);
+   pair); the SQL of each peer prepared and sent as the engine sends its own (one
+   pipeline of bound statements a call), and the handle's figure as a ratio of each;
 2. hand-off latency: one process releases, another waiting in ``acquire(wait=...)``
    (woken by LISTEN/NOTIFY) holds it; beside a waiter blocked in ``pg_advisory_lock``;
 3. takeover after the holder is SIGKILLed (ttl 2 s), from the kill;
 4. four processes taking turns on one lock, each turn incrementing a counter row:
-   acquisitions/s and lost updates, beside the same turns under ``pg_advisory_lock``;
+   acquisitions/s and lost updates, beside the same turns under ``pg_advisory_lock``,
+   and this design's turns in bare SQL (a durable one-statement acquire, an
+   asynchronous release that NOTIFYs; waiting on LISTEN, or polling; and one process
+   alone, which bounds any number of them), in interleaved rounds;
 5. what else is held: handle pairs/s with 10,000 other leases held in the store, beside
    an empty store; and ``close()`` of a client whose handles hold 5,000 leases.
 
@@ -66,9 +70,11 @@ def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
     """The engine's SQL for one pair, sent bare: its one-trip acquire, then the one-trip
     guarded release of the permit it returned.
 
-    What is left between this and the handle is our Python and the driver's. Reaches
+    Sent as the engine sends them: prepared statements bound and executed in one
+    pipeline a call. What is left between this and the handle is our Python. Reaches
     into the engine's private statements; a measurement, not an API.
     """
+    from queen_sync._engines.postgres import pipeline
     from queen_sync._engines.postgres.scripted import one_trip_script
     from queen_sync._engines.postgres.sql import ASYNC_COMMIT
     from queen_sync._engines.postgres.txn import entity_key
@@ -84,10 +90,11 @@ def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
         cur = conn.cursor()
 
         def replay_pair() -> None:
-            now, key, token = _send(cur, acquire)[0][:3]
+            cells = pipeline.send(cur, acquire)[-1][0][:3]
+            now, key, token = int(cells[0] or 0), (cells[1] or b"").decode(), int(cells[2] or 0)
             guard = (sql.guard_row, ("queen-locks", key, token, now + 30_000, now, now, None, now))
-            _send(cur, [(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
-                        (sql.notify, (sql.channel, "replayed"))])
+            pipeline.send(cur, [(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
+                                (sql.notify, (sql.channel, "replayed"))])
 
         yield replay_pair
 
@@ -97,29 +104,51 @@ DESIGN_DDL = (
     " token bigint NOT NULL, expires_at timestamptz NOT NULL)")
 # This engine's design with none of its generality: the name's lock, a row inserted with a
 # token drawn under it, one implicit transaction committed durably as it ends.
-DESIGN_ACQUIRE = (
-    "SELECT pg_advisory_xact_lock(%s);"
-    " INSERT INTO bench_design VALUES (%s, %s, nextval('bench_token'), now() + interval '30 s')"
+DESIGN_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+DESIGN_INSERT = (
+    "INSERT INTO bench_design VALUES (%s, %s, nextval('bench_token'), now() + interval '30 s')"
     " ON CONFLICT DO NOTHING RETURNING token")
-# The row deleted under the name's lock if still at the token, waiters told, no wait for disk.
-DESIGN_RELEASE = (
-    "SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(%s);"
-    " DELETE FROM bench_design WHERE name = %s AND token = %s RETURNING 1;"
-    " SELECT pg_notify('bench_design', %s)")
+# The release: no wait for the disk, the name's lock, the row deleted if still at the
+# token, waiters told.
+NO_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
+DESIGN_DELETE = "DELETE FROM bench_design WHERE name = %s AND token = %s RETURNING 1"
+DESIGN_NOTIFY = "SELECT pg_notify('bench_design', %s)"
+
+
+def _prepare(conn: psycopg.Connection[Any], name: str, types: str, query: str) -> bytes:
+    """``query`` (one statement, ``%s`` placeholders) PREPAREd on ``conn`` as ``name``."""
+    parts = query.split("%s")
+    numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
+    conn.execute(f"PREPARE {name}{f'({types})' if types else ''} AS {numbered}")
+    return name.encode()
+
+
+def _pipelined(conn: psycopg.Connection[Any], statements: list[tuple[bytes, list[Any]]]
+               ) -> list[Any]:
+    """Prepared statements in one pipeline, one round trip; the last one's rows, as text."""
+    from queen_sync._engines.postgres import pipeline  # the engine's way of sending them
+
+    return pipeline.exchange(conn, statements)[-1]
 
 
 def design_pair(conn: psycopg.Connection[Any]) -> Callable[[], None]:
     """A lease as this engine's design does it in bare SQL: one trip a call, the acquire
-    answered after a durable commit, the release not waiting for the disk."""
+    answered after a durable commit, the release not waiting for the disk; its statements
+    prepared and sent in one pipeline a call, as the engine sends its own."""
     conn.execute(ONE_STATEMENT_DDL)
     conn.execute(DESIGN_DDL)
-    cur = psycopg.ClientCursor(conn)
+    lock = _prepare(conn, "design_lock", "bigint", DESIGN_LOCK)
+    acquire = _prepare(conn, "design_acquire", "text, text", DESIGN_INSERT)
+    no_wait = _prepare(conn, "design_no_wait", "", NO_WAIT)
+    release = _prepare(conn, "design_release", "text, bigint", DESIGN_DELETE)
+    notify = _prepare(conn, "design_notify", "text", DESIGN_NOTIFY)
 
     def pair() -> None:
-        token = _send(cur, [(DESIGN_ACQUIRE, (RAW_KEY, "design", "me"))], 1)
+        token = _pipelined(conn, [(lock, [RAW_KEY]), (acquire, ["design", "me"])])
         if not token:
             raise RuntimeError("the design's lease was not free")
-        _send(cur, [(DESIGN_RELEASE, (RAW_KEY, "design", token[0][0], "design"))])
+        _pipelined(conn, [(no_wait, []), (lock, [RAW_KEY]),
+                          (release, ["design", int(token[0][0])]), (notify, ["design"])])
 
     return pair
 
@@ -134,20 +163,22 @@ ONE_STATEMENT_ACQUIRE = (
     " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = nextval('bench_token'),"
     " expires_at = EXCLUDED.expires_at WHERE bench_lease.expires_at < now() RETURNING token")
 ONE_STATEMENT_RELEASE = (
-    "SET LOCAL synchronous_commit = off; UPDATE bench_lease SET expires_at = '-infinity'"
-    " WHERE name = %s AND token = %s RETURNING 1")
+    "UPDATE bench_lease SET expires_at = '-infinity' WHERE name = %s AND token = %s RETURNING 1")
 
 
 def one_statement_pair(conn: psycopg.Connection[Any]) -> Callable[[], None]:
-    """A lease as one bare SQL statement per call, durable acquire, asynchronous release."""
+    """A lease as one bare SQL statement per call, durable acquire, asynchronous release;
+    prepared and sent by the extended protocol, as the engine sends its own."""
     conn.execute(ONE_STATEMENT_DDL)
-    cur = psycopg.ClientCursor(conn)
+    acquire = _prepare(conn, "one_acquire", "text, text", ONE_STATEMENT_ACQUIRE)
+    no_wait = _prepare(conn, "one_no_wait", "", NO_WAIT)
+    release = _prepare(conn, "one_release", "text, bigint", ONE_STATEMENT_RELEASE)
 
     def pair() -> None:
-        token = cur.execute(ONE_STATEMENT_ACQUIRE, ("one", "me")).fetchone()
-        if token is None:
+        token = _pipelined(conn, [(acquire, ["one", "me"])])
+        if not token:
             raise RuntimeError("the one-statement lease was not free")
-        cur.execute(ONE_STATEMENT_RELEASE, ("one", token[0]))
+        _pipelined(conn, [(no_wait, []), (release, ["one", int(token[0][0])])])
 
     return pair
 
@@ -180,10 +211,12 @@ def measure_pairs(url: str, seconds: float) -> dict[str, float]:
 def bench_pairs(url: str, seconds: float) -> None:
     print("1. uncontended acquire+release pairs/s, interleaved rounds")
     measured = measure_pairs(url, seconds)
+    handle = measured["handle"]
     for key, label in PAIR_LINES:
-        print(f"   {label:30s} {measured[key]:10,.0f} pairs/s")
+        beside = "" if key == "handle" else f"   handle {handle / measured[key]:5.2f}x of it"
+        print(f"   {label:30s} {measured[key]:10,.0f} pairs/s{beside}")
     print(f"   ({m.load_average()})")
-    handle, wire, design, raw = (measured[k] for k in ("handle", "wire", "design", "raw"))
+    wire, raw = measured["wire"], measured["raw"]
     m.row("pairs/s, Lock handle", f"{handle:,.0f}", f"{handle / raw:.2f}x raw advisory",
           ">= 1,333", handle >= 1333)
     m.row("pairs/s, q.locks wire", f"{wire:,.0f}", f"{wire / raw:.2f}x raw advisory", ">= 1,333",
@@ -196,7 +229,10 @@ def bench_pairs(url: str, seconds: float) -> None:
         m.row(f"pairs/s, {metric}", f"{value:,.0f}", f"{value / raw:.2f}x raw advisory", note,
               None)
     m.row("pairs/s, raw advisory lock", f"{raw:,.0f}", "baseline (no lease, no token)", "", None)
-    m.row("Lock handle / this design", f"{handle / design:.2f}x", m.load_average(), "", None)
+    for key, peer in (("replayed", "its SQL replayed"), ("design", "this design"),
+                      ("one", "one statement a call"), ("floor", "two trivial trips")):
+        m.row(f"Lock handle / {peer}", f"{handle / measured[key]:.2f}x", m.load_average(), "",
+              None)
     m.row("Lock handle / raw advisory", f"{handle / raw:.2f}x", m.load_average(), ">= 0.5x",
           handle / raw >= 0.5)
 
@@ -285,10 +321,58 @@ def advisory_contender(url: str, start_at: float, seconds: float, pipe: Any) -> 
         pipe.send(_count_increments(url, take, give, start_at, seconds))
 
 
+# This design's turns in bare SQL: the one-statement acquire committed durably, the
+# release as an asynchronous commit that NOTIFYs, on the tombstone table of section 1.
+TURN_RELEASE = (
+    "SET LOCAL synchronous_commit = off; UPDATE bench_lease SET expires_at = '-infinity'"
+    " WHERE name = %s AND token = %s RETURNING 1; SELECT pg_notify('bench_turns', %s)")
+
+
+def _design_turns(url: str, start_at: float, seconds: float, pipe: Any, listen: bool) -> None:
+    """Turns of this design in bare SQL, waiting on the connection's LISTEN or by polling.
+
+    A failed attempt waits for a NOTIFY (or 1 ms when polling), then tries again; the
+    owner is this process, so a lost answer cannot be mistaken for someone else's.
+    """
+    owner, token = f"bench-{os.getpid()}", [0]
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = psycopg.ClientCursor(conn)
+        if listen:
+            conn.execute("LISTEN bench_turns")
+
+        def take() -> bool:
+            gives_up = time.monotonic() + 10
+            while time.monotonic() < gives_up:
+                won = cur.execute(ONE_STATEMENT_ACQUIRE, ("turns", owner)).fetchone()
+                if won is not None:
+                    token[0] = won[0]
+                    return True
+                if listen:
+                    for _ in conn.notifies(timeout=0.05, stop_after=1):
+                        pass
+                else:
+                    time.sleep(0.001)
+            return False
+
+        def give() -> None:
+            _send(cur, [(TURN_RELEASE, ("turns", token[0], "turns"))])
+
+        pipe.send(_count_increments(url, take, give, start_at, seconds))
+
+
+def design_listen_contender(url: str, start_at: float, seconds: float, pipe: Any) -> None:
+    _design_turns(url, start_at, seconds, pipe, listen=True)
+
+
+def design_polling_contender(url: str, start_at: float, seconds: float, pipe: Any) -> None:
+    _design_turns(url, start_at, seconds, pipe, listen=False)
+
+
 def _turns(url: str, worker: Callable[[str, float, float, Any], None], processes: int,
            seconds: float) -> tuple[float, int]:
     """Acquisitions/s of ``processes`` contenders, and the updates they lost."""
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(ONE_STATEMENT_DDL)
         conn.execute("CREATE TABLE IF NOT EXISTS bench_counter (n bigint NOT NULL)")
         conn.execute("DELETE FROM bench_counter")
         conn.execute("INSERT INTO bench_counter VALUES (0)")
@@ -297,16 +381,51 @@ def _turns(url: str, worker: Callable[[str, float, float, Any], None], processes
     return rate, round(rate * seconds) - (row[0] if row else 0)
 
 
-def bench_contended(url: str, seconds: float, processes: int = 4) -> None:
-    print(f"4. {processes} processes taking turns on one lock, {seconds:g} s each")
-    ours, lost = _turns(url, lease_contender, processes, seconds)
-    raw, raw_lost = _turns(url, advisory_contender, processes, seconds)
-    print(f"   queen_sync Lock (LISTEN wake)  {ours:10,.0f} acquisitions/s, {lost} lost updates")
-    print(f"   blocking pg_advisory_lock      {raw:10,.0f} acquisitions/s, {raw_lost} lost updates")
+# (key, label, worker, processes: None for the section's count). The one-process turns
+# of this design bound any number of processes: turns on one lock run one at a time, and
+# each acquire waits for its durable commit.
+CONTENDERS: tuple[tuple[str, str, Callable[[str, float, float, Any], None], Optional[int]],
+                  ...] = (
+    ("handle", "queen_sync Lock (LISTEN wake)", lease_contender, None),
+    ("listen", "this design, bare SQL, LISTEN", design_listen_contender, None),
+    ("polling", "this design, bare SQL, 1 ms poll", design_polling_contender, None),
+    ("alone", "this design, bare SQL, 1 process", design_polling_contender, 1),
+    ("handle1", "queen_sync Lock, 1 process", lease_contender, 1),
+    ("raw", "blocking pg_advisory_lock", advisory_contender, None))
+
+
+def _contended_rounds(url: str, seconds: float, processes: int, rounds: int
+                      ) -> tuple[dict[str, float], dict[str, int]]:
+    """Median acquisitions/s of each contender over interleaved rounds, and updates lost."""
+    measured: dict[str, list[float]] = {key: [] for key, *_ in CONTENDERS}
+    lost = dict.fromkeys(measured, 0)
+    for _ in range(rounds):
+        for key, _label, worker, count in CONTENDERS:
+            rate, missing = _turns(url, worker, count or processes, seconds)
+            measured[key].append(rate)
+            lost[key] += missing
+    return {key: statistics.median(rates) for key, rates in measured.items()}, lost
+
+
+def bench_contended(url: str, seconds: float, processes: int = 4, rounds: int = 2) -> None:
+    print(f"4. {processes} processes taking turns on one lock, {seconds:g} s each, median of "
+          f"{rounds} interleaved rounds")
+    rates, lost = _contended_rounds(url, seconds, processes, rounds)
+    for key, label, _worker, count in CONTENDERS:
+        print(f"   {label:34s} {rates[key]:8,.0f} acquisitions/s, {lost[key]} lost updates"
+              + (" (alone)" if count == 1 else ""))
     print(f"   ({m.load_average()})")
+    ours, raw = rates["handle"], rates["raw"]
+    ceiling = max(rates["listen"], rates["polling"])
     m.row(f"contended, {processes} processes", f"{ours:,.0f}/s",
-          f"{ours / raw:.2f}x advisory ({raw:,.0f}/s); {lost} lost updates", ">= 0.3x, 0 lost",
-          ours / raw >= 0.3 and lost == 0)
+          f"{ours / raw:.2f}x advisory ({raw:,.0f}/s); {lost['handle']} lost updates",
+          ">= 0.3x, 0 lost", ours / raw >= 0.3 and lost["handle"] == 0)
+    m.row("contended, this design in bare SQL", f"{ceiling:,.0f}/s",
+          f"{ceiling / raw:.2f}x advisory; handle {ours / ceiling:.2f}x of it", "(its ceiling)",
+          None)
+    m.row("one process, this design in bare SQL", f"{rates['alone']:,.0f}/s",
+          f"{rates['alone'] / raw:.2f}x advisory; handle alone {rates['handle1']:,.0f}/s",
+          "(bounds any count)", None)
 
 
 # ---- 5. what else is held ----------------------------------------------------------------
@@ -384,7 +503,8 @@ def main() -> None:
             ("pairs", lambda: bench_pairs(url, 0.5 if args.quick else 1.5)),
             ("handoff", lambda: bench_handoff(url, 40 if args.quick else 200)),
             ("takeover", lambda: bench_takeover(url, 2 if args.quick else 4)),
-            ("contended", lambda: bench_contended(url, 3.0 if args.quick else 8.0)),
+            ("contended", lambda: bench_contended(url, 3.0 if args.quick else 8.0, 4,
+                                                   1 if args.quick else 3)),
             ("held", lambda: bench_held(url, 0.5 if args.quick else 1.5, 10_000,
                                         1_000 if args.quick else 5_000))]
         for section, run in sections:

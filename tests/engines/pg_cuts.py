@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from queen_sync._engines.postgres import pipeline
+
 
 def cut_after_first(monkeypatch: pytest.MonkeyPatch, *markers: str) -> list[str]:
     """Close the connection after the first statement containing one of ``markers`` has run.
@@ -30,7 +32,23 @@ def cut_after_first(monkeypatch: pytest.MonkeyPatch, *markers: str) -> list[str]
         return result
 
     monkeypatch.setattr(psycopg.ClientCursor, "execute", run_then_cut)
+    real_exchange = pipeline.exchange
+
+    def exchange_then_cut(conn: Any, statements: Any) -> Any:
+        result = real_exchange(conn, statements)
+        if any(m in _pipelined(statements) for m in markers) and not cut:
+            cut.append(_pipelined(statements))
+            conn.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    monkeypatch.setattr(pipeline, "exchange", exchange_then_cut)
     return cut
+
+
+def _pipelined(statements: Any) -> str:
+    """A pipeline of prepared statements as the script it stands for."""
+    return "; ".join(f"EXECUTE {name.decode()}" for name, _ in statements)
 
 
 def record_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -48,4 +66,11 @@ def record_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_execute(cursor, query, params, **kwargs)
 
     monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
+    real_exchange = pipeline.exchange
+
+    def recording_pipeline(conn: Any, statements: Any) -> Any:
+        sent.append(_pipelined(statements))
+        return real_exchange(conn, statements)
+
+    monkeypatch.setattr(pipeline, "exchange", recording_pipeline)
     return sent

@@ -15,6 +15,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 import queen_sync as qs  # noqa: E402  (after the skip: the engine needs psycopg)
+from queen_sync._engines.postgres import renew_ahead  # noqa: E402
 from queen_sync._ops import LockOps  # noqa: E402
 
 
@@ -38,6 +39,15 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_execute(self, query, params, **kw)
 
     monkeypatch.setattr(psycopg.ClientCursor, "execute", recording)
+    # A tick's transactions travel as one pipeline: each recorded as its statements' text.
+    real_statements = renew_ahead._Pipeline._statements
+
+    def pipelined(self: Any, *args: Any) -> Any:
+        statements = real_statements(self, *args)
+        scripts.append("; ".join(text.decode() for text, _, _ in statements))
+        return statements
+
+    monkeypatch.setattr(renew_ahead._Pipeline, "_statements", pipelined)
     return scripts
 
 

@@ -27,6 +27,7 @@ if not require_pg():
 import psycopg
 from pg_cuts import cut_after_first, record_trips
 
+from queen_sync._engines.postgres import engine as engine_module
 from queen_sync._engines.postgres.engine import LOCKS_PER_TRANSACTION, PostgresEngine
 
 pytestmark = pytest.mark.timeout(180)
@@ -182,10 +183,13 @@ def _renew_of(data: st.DataObject, name: str,
 
 
 class TestTheRenewBatchAgreesWithTheTwoTripPath:
+    # None: one transaction; 2: transactions of two renews at most, sent as one pipeline.
+    @pytest.mark.parametrize("per_transaction", [None, 2])
     @_SETTINGS
     @given(rows=_ROWS, data=st.data())
     def test_a_body_of_renews_on_any_rows_answers_and_writes_the_same(
-            self, server: PgServer, trips: list[str],
+            self, server: PgServer, trips: list[str], monkeypatch: pytest.MonkeyPatch,
+            per_transaction: int | None,
             rows: list[tuple[str, str, str, str | None, str, int | None]],
             data: st.DataObject) -> None:
         rows = list(rows)
@@ -198,9 +202,16 @@ class TestTheRenewBatchAgreesWithTheTwoTripPath:
             for schema in (fast_schema, slow_schema):
                 _seed(conn, schema, rows, now)
             trips.clear()
-            one = _locks(fast, ops)
-            assert len(trips) == 1 and "qs_renew_many" in trips[0], (
-                f"the renews should be one statement in one trip: {trips}")
+            with monkeypatch.context() as patched:
+                if per_transaction is not None:
+                    patched.setattr(engine_module, "LOCKS_PER_TRANSACTION", per_transaction)
+                one = _locks(fast, ops)
+            if per_transaction is None:
+                assert len(trips) == 1 and "qs_renew_many" in trips[0], (
+                    f"the renews should be one statement in one trip: {trips}")
+            else:
+                sent = [trip for trip in trips if "qs_renew" in trip]
+                assert sent == [], f"every transaction should travel in the pipeline: {sent}"
             two = _locks(slow, [*ops, {"op": "get", "name": "a"}])[:len(ops)]
             assert _marked(one) == _marked(two), f"the batch answered {one}, two trips {two}"
             assert _state(conn, fast_schema) == _state(conn, slow_schema), (

@@ -30,6 +30,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 from typing import Any, Iterator, Mapping, Optional
 
 from ..._errors import LockLostError, QueenError, RequestError
@@ -47,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .errors import secrets_of, translate
 from .listen import Listener
+from .renew_ahead import renew_ahead
 from .storage import PartsOfOneBody, PostgresStorage
 from .url import DEFAULT_SCHEMA, build_conninfo, engine_url, split_url
 
@@ -160,19 +162,25 @@ class PostgresEngine(Engine):
         One transaction per body would take a lock-table entry per name and outgrow the
         server's lock table. A locks body's ops are independent on the wire, so each chunk
         may commit on its own; every op is checked first, so a bad one commits nothing.
-        Should a chunk fail, those before it stay applied, and resending the body by the
-        same owner answers the same permits (a resent acquire or renew is safe).
+        Should a chunk fail, those before it stay applied (for a tick's renews, sent as one
+        pipeline, those after it too), and resending the body by the same owner answers the
+        same permits (a resent acquire or renew is safe).
         """
         checked = checked_lock_ops(ops)
         results: list[Any] = []
         parts = EmbeddedSemantics(PartsOfOneBody(self.storage, len(ops)))
         chunks = [checked.part(start, start + LOCKS_PER_TRANSACTION)
                   for start in range(0, len(ops), LOCKS_PER_TRANSACTION)]
-        for chunk in chunks:
+        # A tick's renews go as one pipeline; what it left unanswered runs below, one by one.
+        answered = renew_ahead(self.storage, chunks,
+                               (time.monotonic() + self.storage.call_timeout, len(ops)))
+        for index, chunk in enumerate(chunks):
             try:
-                results += self._locks_part(chunk, parts)
+                done = answered[index]
+                results += self._locks_part(chunk, parts) if done is None else done
             except QueenError as exc:
-                exc.args = (f"{exc}; {_applied(len(results), len(ops), exc)}; resending "
+                later = sum(len(done) for done in answered[index + 1:] if done is not None)
+                exc.args = (f"{exc}; {_applied(len(results) + later, len(ops), exc)}; resending "
                             "the body as the same owner is safe",)
                 raise
         return {"results": results}

@@ -6,6 +6,12 @@ when the release commits. One background thread per engine listens and wakes
 the waiters registered for that name. Waiters still time out and retry, so a
 notification lost while the listener reconnects only costs latency; every
 waiter is woken after a reconnect, since releases may have been missed.
+
+A release frees one permit, so it wakes ONE thread of this process waiting on
+the name, the longest waiting: waking them all would send all but one to lose a
+round trip to the winner. A waiter that leaves after it was woken (it took the
+permit, or it gave up) hands the turn on to the next, so the others get theirs:
+a release of several permits of a name in one transaction notifies once.
 """
 
 from __future__ import annotations
@@ -25,19 +31,39 @@ _RECONNECT_MAX = 1.0
 
 
 class PgWaiter:
-    """Woken when a permit of its lock name is released anywhere on the database."""
+    """Woken when a permit of its lock name is released anywhere on the database.
+
+    A wake given while the waiter is not waiting is kept: its next wait returns at once.
+    """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._cond = threading.Condition(threading.Lock())
+        self._pending = False
+        self.waiting = False  # inside wait() now
+        self.woken = False  # its last wait ended with a wake
+
+    @property
+    def pending(self) -> bool:
+        """A wake not yet taken by a wait."""
+        return self._pending
 
     def wake(self) -> None:
-        self._event.set()
+        with self._cond:
+            self._pending = True
+            self._cond.notify()
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True when woken by a release."""
-        woke = self._event.wait(max(0.0, timeout))
-        self._event.clear()
-        return woke
+        with self._cond:
+            if not self._pending:
+                self.waiting = True
+                try:
+                    self._cond.wait(max(0.0, timeout))
+                finally:
+                    self.waiting = False
+            woke, self._pending = self._pending, False
+            self.woken = woke
+            return woke
 
 
 class Listener:
@@ -56,7 +82,7 @@ class Listener:
         self._connect = connect
         self._bounded = bounded or (lambda conn: contextlib.nullcontext())
         self._channel = channel
-        self._waiters: dict[str, set[PgWaiter]] = {}
+        self._waiters: dict[str, list[PgWaiter]] = {}  # oldest first
         self._mutex = threading.Lock()
         self._listening = threading.Event()
         self._tried = threading.Event()
@@ -79,25 +105,50 @@ class Listener:
     def subscribe(self, name: str) -> Iterator[PgWaiter]:
         waiter = PgWaiter()
         with self._mutex:
-            self._waiters.setdefault(name, set()).add(waiter)
+            self._waiters.setdefault(name, []).append(waiter)
         try:
             yield waiter
         finally:
-            with self._mutex:
-                group = self._waiters.get(name)
-                if group is not None:
-                    group.discard(waiter)
-                    if not group:
-                        del self._waiters[name]
+            self._unsubscribe(name, waiter)
 
-    def _wake(self, name: Optional[str]) -> None:
+    def _unsubscribe(self, name: str, waiter: PgWaiter) -> None:
+        """Forget ``waiter``; one that leaves woken hands the turn to the next waiter."""
         with self._mutex:
-            if name is None:
-                waiters = [w for group in self._waiters.values() for w in group]
-            else:
-                waiters = list(self._waiters.get(name, ()))
-        for waiter in waiters:
-            waiter.wake()
+            group = self._waiters.get(name, [])
+            if waiter in group:
+                group.remove(waiter)
+            if not group:
+                self._waiters.pop(name, None)
+            elif waiter.pending or waiter.woken:
+                self._wake_next(group)
+
+    @staticmethod
+    def _wake_next(group: list[PgWaiter]) -> None:
+        """Wake the oldest waiter asleep in ``wait``, else the oldest busy one (under the mutex).
+
+        A busy waiter was woken and is trying: a second release is another's turn. When all
+        are busy, the kept wake makes one look again as soon as it would sleep.
+        """
+        idle = [waiter for waiter in group if not waiter.pending]
+        for waiter in idle:
+            if waiter.waiting:
+                waiter.wake()
+                return
+        if idle:
+            idle[0].wake()
+
+    def _wake(self, name: str) -> None:
+        """One release of ``name``: one of its waiters tries."""
+        with self._mutex:
+            group = self._waiters.get(name)
+            if group:
+                self._wake_next(group)
+
+    def _wake_all(self) -> None:
+        with self._mutex:
+            for group in self._waiters.values():
+                for waiter in group:
+                    waiter.wake()
 
     def _loop(self) -> None:
         delay = 0.05
@@ -108,7 +159,7 @@ class Listener:
                         conn.execute(f'LISTEN "{self._channel}"')
                     self._listening.set()
                     self._tried.set()
-                    self._wake(None)
+                    self._wake_all()
                     delay = 0.05
                     self._pump(conn)
             except psycopg.Error as exc:

@@ -23,7 +23,8 @@ from psycopg import ClientCursor
 from ..._errors import EngineError
 from .deadline import Watch, Watchdog, connect_within
 from .errors import detail_of
-from .sql import SCHEMA_VERSION, SESSION_ISOLATION, Statements
+from .pipeline import prepare_each
+from .sql import SCHEMA_VERSION, SESSION_ISOLATION, SESSION_PLANNER, Statements
 
 log = logging.getLogger("queen_sync")
 
@@ -126,7 +127,12 @@ class Sessions:
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         """Make a connection ready for bodies: remembered, with the statements prepared."""
         self._track(conn)
-        conn.execute(self.sql.prepare)
+        self._prepare_statements(conn)
+
+    def _prepare_statements(self, conn: psycopg.Connection[Any]) -> None:
+        """The statements PREPAREd and the session's settings made, in one round trip."""
+        settings = [*SESSION_PLANNER.split("; "), SESSION_ISOLATION]  # one statement each
+        prepare_each(conn, [*self.sql.prepares, *settings])
 
     def _track(self, conn: psycopg.Connection[Any]) -> None:
         # Remembered so a forked child can detach from them without closing the parent's.
@@ -181,7 +187,7 @@ class Sessions:
         conn = self.connect(budget.deadline, connect_timeout=math.ceil(budget.remaining()))
         try:
             with self.watchdog.watching(conn, budget.deadline):
-                conn.execute(self.sql.prepare)
+                self._prepare_statements(conn)
         except psycopg.Error:
             conn.close()
             raise
@@ -190,7 +196,8 @@ class Sessions:
     def checkin(self, conn: psycopg.Connection[Any], pool: Optional[PgPool],
                 watch: Optional[Watch] = None) -> None:
         """Give a connection back; ``watch`` (its call's deadline) still covers the ROLLBACK."""
-        if not lost(conn) and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        # Read off libpq: ``conn.info`` builds an object on every call, twice a lock call.
+        if not lost(conn) and conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
                 conn.execute("ROLLBACK")
             except psycopg.Error:

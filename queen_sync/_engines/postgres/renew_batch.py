@@ -12,7 +12,9 @@ arrive at exactly the writes the statement made: a renew it refused is answered
 from the rows read, a renew it made must be the one the semantics make, in order.
 Anything else is a bug in one of the two copies of the rule and raises loudly.
 Resending the body after a lost connection is safe: each renew names its owner, and
-the token it presented still renews for its owner (it is the row's floor).
+the token it presented still renews for its owner (it is the row's floor). A body too
+big for one transaction travels as a pipeline of such transactions (``renew_ahead``),
+each answered from its rows here.
 """
 
 from __future__ import annotations
@@ -30,15 +32,46 @@ from .scripted import NotScripted
 from .sql import Statements, array_literal
 from .txn import entity_of, lock_statements
 
-_loads = json.JSONDecoder().decode  # the statement sends each value as its stored JSON text
+_decoder = json.JSONDecoder()
+
+
+def _parsed(text: str) -> Any:
+    """A value from its stored JSON text (the statement sends the text, not the value).
+
+    What this engine stores has no whitespace around it, so the decoder's scan alone
+    reads it, at a third of a full decode's cost; anything else takes the full decode.
+    """
+    try:
+        value, end = _decoder.raw_decode(text)
+    except ValueError:
+        return _decoder.decode(text)  # raises the decoder's own error if it is not JSON
+    return value if end == len(text) else _decoder.decode(text)
 
 
 def batch_of_renews(ops: Sequence[Mapping[str, Any]]) -> bool:
     """Whether one statement may answer these ops: two or more renews, each naming its
     slot and owner, with a lifetime, on names no other op of the body names."""
-    return len(ops) > 1 and all(
+    return len(ops) > 1 and renews_of_own_names(ops)
+
+
+def renews_of_own_names(ops: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether these ops are renews, each naming its slot and owner, with a lifetime, on
+    names no other op of them names: what ``renew_many`` answers, one or many."""
+    return all(
         op["op"] == "renew" and "slot" in op and op.get("owner") and "ttlSeconds" in op
         and not op.get("forever") for op in ops) and len({op["name"] for op in ops}) == len(ops)
+
+
+def slot_keys(ops: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The renews of a batch by the key of the slot each renews (what each reads)."""
+    return {permit_key(op["name"], op["slot"]): op for op in ops}
+
+
+def renewal_parameters(ops: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> tuple[str, ...]:
+    """``renew_many``'s parameters for these renews (``keys``: their slot keys, in order)."""
+    return (LOCKS_NS, array_literal(op["name"] for op in ops), array_literal(keys),
+            array_literal(op["token"] for op in ops), array_literal(op["owner"] for op in ops),
+            array_literal(int(op["ttlSeconds"]) * 1000 for op in ops))
 
 
 class RenewedTxn:
@@ -52,11 +85,23 @@ class RenewedTxn:
 
     def __init__(self, cur: psycopg.Cursor[Any], sql: Statements,
                  ops: Sequence[Mapping[str, Any]]) -> None:
-        self.unplanned: set[str] = set()
-        self._names = {op["name"] for op in ops}
-        by_key = {permit_key(op["name"], op["slot"]): op for op in ops}  # what renews read
+        by_key = slot_keys(ops)
         sent = time.monotonic()
-        records = self._send(cur, sql, ops, list(by_key))
+        self._answer(by_key, self._send(cur, sql, ops, list(by_key)), sent)
+
+    @classmethod
+    def answering(cls, by_key: Mapping[str, Mapping[str, Any]], records: Sequence[Any],
+                  sent: float) -> RenewedTxn:
+        """The transaction of renews whose statement, sent at ``sent`` (``time.monotonic()``)
+        and committed, returned ``records``; ``by_key``: its ops by slot key (``slot_keys``)."""
+        txn = cls.__new__(cls)
+        txn._answer(by_key, records, sent)
+        return txn
+
+    def _answer(self, by_key: Mapping[str, Mapping[str, Any]], records: Sequence[Any],
+                sent: float) -> None:
+        self.unplanned: set[str] = set()
+        self._names = {op["name"] for op in by_key.values()}
         self._now = int(records[0][0])
         self.clock = (self._now, sent)  # the database's clock, and when it was asked
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
@@ -80,7 +125,7 @@ class RenewedTxn:
             if key is None:
                 continue  # the empty slot of a refused renew
             value = record[5]
-            row = Row(record[3], key, None if value is None else _loads(value), record[6],
+            row = Row(record[3], key, None if value is None else _parsed(value), record[6],
                       record[7], record[8], record[9], record[10])
             rows[(record[3], key)] = row
             if record[1] is not None:
@@ -92,11 +137,7 @@ class RenewedTxn:
     def _send(cur: psycopg.Cursor[Any], sql: Statements, ops: Sequence[Mapping[str, Any]],
               keys: Sequence[str]) -> list[Any]:
         locks = lock_statements(sql, ["L" + op["name"] for op in ops])
-        columns = (array_literal(op["name"] for op in ops), array_literal(keys),
-                   array_literal(op["token"] for op in ops),
-                   array_literal(op["owner"] for op in ops),
-                   array_literal(int(op["ttlSeconds"]) * 1000 for op in ops))
-        statements = [*locks, (sql.renew_many, (LOCKS_NS, *columns))]
+        statements = [*locks, (sql.renew_many, renewal_parameters(ops, keys))]
         cur.execute("; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
         while cur.nextset():
             pass
@@ -159,7 +200,9 @@ class RenewedTxn:
         over the row it read (compared field by field: a tick builds no row to compare)."""
         old, op, now = self._rows[(LOCKS_NS, key)], self._ops[key], self._now
         assert old is not None  # the statement renewed a row it read
-        return (row.ns == LOCKS_NS and row.key == key and row.value == old.value
+        # The very value object: the statement left the value as it was, and an equal one
+        # would not do (1 == True, yet JSON tells them apart).
+        return (row.ns == LOCKS_NS and row.key == key and row.value is old.value
                 and row.version == self._tokens[key]
                 and row.expires_at == now + int(op["ttlSeconds"]) * 1000
                 and row.created_at == old.created_at and row.updated_at == now

@@ -6,7 +6,8 @@ if every live permit of the name is someone else's at this limit and a slot is
 free, the lowest free slot is taken with a token drawn after the name's lock; a
 renew naming its slot renews the live permit there if the token is its holder's.
 That much one statement can do (``scripted_sql``), sent with the name's advisory
-lock as one implicit transaction that commits durably when the statement ends.
+lock as one implicit transaction that commits durably when the statement ends (one
+pipeline of the two prepared statements, see ``pipeline``).
 
 The statement also returns the name's rows as they stood before it. The semantics
 then run on those rows exactly as on the two-trip path, and must arrive at the very
@@ -24,6 +25,7 @@ still renews, from its owner).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -33,6 +35,7 @@ import psycopg
 from ..._errors import EngineError
 from ..._ops import LOCKS_NS, permit_key
 from ..storage import Row
+from . import pipeline
 from .sql import Statement, Statements
 from .txn import entity_of, lock_statements
 
@@ -55,21 +58,35 @@ def scriptable(op: Optional[Mapping[str, Any]]) -> bool:
             or (op["op"] == "renew" and owned and "slot" in op))
 
 
-def _row(record: Sequence[Any]) -> Row:
+def _number(cell: Optional[bytes]) -> Optional[int]:
+    return None if cell is None else int(cell)
+
+
+def _row(record: Sequence[Optional[bytes]], encoding: str) -> Row:
+    """A row of the name from its columns as text (``_COLUMNS`` of ``scripted_sql``)."""
     ns, key, value, version, expires_at, created_at, updated_at, prev = record
-    return Row(ns, key, value, version, expires_at, created_at, updated_at, prev)
+    assert ns is not None and key is not None and value is not None  # NOT NULL columns
+    assert version is not None and created_at is not None and updated_at is not None
+    return Row(ns.decode(encoding), key.decode(encoding), json.loads(value.decode(encoding)),
+               int(version), _number(expires_at), int(created_at), int(updated_at),
+               _number(prev))
 
 
-def _last_result(cur: psycopg.Cursor[Any], statements: Sequence[Statement]) -> list[Any]:
-    """Send statements as one query string; the rows the last one returned."""
-    cur.execute("; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
-    while cur.nextset():
-        pass
-    return cur.fetchall()
+def _last_result(cur: psycopg.Cursor[Any], statements: Sequence[Statement]
+                 ) -> list[tuple[Optional[bytes], ...]]:
+    """Send statements as one pipeline; the rows the last one returned, as text."""
+    results = pipeline.send(cur, statements)
+    return results[-1]
 
 
 def _permit_value(op: Mapping[str, Any]) -> dict[str, Any]:
     return {"owner": op["owner"], "limit": op.get("limit", 1)}
+
+
+@functools.lru_cache(maxsize=1024)  # a handle acquires again and again as one owner
+def _permit_json(owner: str, limit: int) -> str:
+    """The permit's value as the storage writes it."""
+    return json.dumps({"owner": owner, "limit": limit}, separators=(",", ":"))
 
 
 def one_trip_script(sql: Statements, op: Mapping[str, Any]) -> list[Statement]:
@@ -79,7 +96,7 @@ def one_trip_script(sql: Statements, op: Mapping[str, Any]) -> list[Statement]:
     locks = lock_statements(sql, ["L" + name])
     ttl_ms = int(op.get("ttlSeconds", 0)) * 1000
     if op["op"] == "acquire":
-        value = json.dumps(_permit_value(op), separators=(",", ":"))  # as the storage writes it
+        value = _permit_json(op["owner"], op.get("limit", 1))
         return [*locks, (sql.acquire_scripted,
                          (*bounds, op.get("limit", 1), op["owner"], value, ttl_ms))]
     if op["op"] == "renew":
@@ -103,12 +120,15 @@ class ScriptedTxn:
         self.unplanned: set[str] = set()
         sent = time.monotonic()
         records = _last_result(cur, one_trip_script(sql, op))
+        encoding = cur.connection.info.encoding
         now, key, token = records[0][0], records[0][1], records[0][2]
+        assert now is not None  # the clock is never NULL
         self._now = int(now)
         self.clock = (self._now, sent)  # the database's clock, and when it was asked
-        self._rows: dict[tuple[str, str], Optional[Row]] = {
-            (r[3], r[4]): _row(r[3:]) for r in records if r[3] is not None}
-        self._made = None if key is None else self._written(op, key, int(token))
+        rows = [_row(r[3:], encoding) for r in records if r[3] is not None]
+        self._rows: dict[tuple[str, str], Optional[Row]] = {(r.ns, r.key): r for r in rows}
+        self._made = None if key is None or token is None else self._written(
+            op, key.decode(encoding), int(token))
         self._drawn = False
         self._wrote = False
 

@@ -150,4 +150,7 @@ def scripted_statements(kv: str, seq: str) -> dict[str, tuple[str, str]]:
         "renew_many": ("text, text[], text[], bigint[], text[], bigint[]",
                        _renew_many(kv, seq)),
         "peek": ("text, text, text", _peek(kv)),
+        # ``SET LOCAL synchronous_commit = off`` as a function, which may be prepared and
+        # sent in a pipeline (``pipeline``); it lasts until the implicit transaction ends.
+        "synchronous_commit_off": ("", "SELECT set_config('synchronous_commit', 'off', true)"),
     }

@@ -2,8 +2,10 @@
 
 The statements a body runs are PREPAREd once per pooled connection and sent as
 ``EXECUTE name(...)``: parsing and planning them again on every call would cost
-the server more than running them. Statements that run rarely, or on a
-connection that is not ours (the caller's, for ``fence``), are sent as text.
+the server more than running them. A script made only of such forms goes as one
+pipeline of Bind/Execute messages instead (``pipeline``). Statements that run
+rarely, or on a connection that is not ours (the caller's, for ``fence``), are sent
+as text.
 """
 
 from __future__ import annotations
@@ -59,10 +61,19 @@ def array_literal(values: Iterable[Any]) -> str:
     driver then quotes once as a single literal. Inside double quotes only a backslash
     and a double quote need escaping.
     """
+    items = values if isinstance(values, list) else list(values)
+    if all(type(value) is str for value in items):
+        joined = '","'.join(items)
+        # When the separators hold every double quote and no text a backslash, no text
+        # needs escaping: one join builds the array (a tick's keys and owners are such).
+        if "\\" not in joined and joined.count('"') == 2 * len(items) - 2:
+            return '{"' + joined + '"}'
+    elif all(type(value) is int for value in items):
+        return "{" + ",".join(map(str, items)) + "}"
     return "{" + ",".join(
         "NULL" if value is None else str(value) if isinstance(value, int)
         else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        for value in values) + "}"
+        for value in items) + "}"
 
 
 def channel_for(schema: str) -> str:
@@ -187,9 +198,11 @@ class Statements:
                              " WHERE ns = $1 AND key = $2"),
         }
         prepared.update(scripted_statements(kv, seq))  # the one-trip lock calls
-        self.prepare = ";".join([*(
-            f"PREPARE qs_{name}{f'({types})' if types else ''} AS {sql}"
-            for name, (types, sql) in prepared.items()), SESSION_PLANNER, SESSION_ISOLATION])
+        # Each PREPARE apart too: a statement prepared by a script of them all would show
+        # the whole script's first kilobyte as its text in pg_stat_activity.
+        self.prepares = [f"PREPARE qs_{name}{f'({types})' if types else ''} AS {sql}"
+                         for name, (types, sql) in prepared.items()]
+        self.prepare = ";".join([*self.prepares, SESSION_PLANNER, SESSION_ISOLATION])
         for name, (types, _) in prepared.items():
             setattr(self, name, _execute(f"qs_{name}", len(types.split(",")) if types else 0))
 

@@ -22,6 +22,7 @@ import psycopg
 
 from ..._errors import EngineError, EngineUnavailableError, QueenError
 from ..storage import Footprint, StorageTxn
+from . import pipeline
 from .deadline import Watch
 from .errors import CAUGHT_DRIVER_ERRORS as CAUGHT_DRIVER_ERRORS
 from .errors import detail_of, translate
@@ -161,6 +162,12 @@ class PostgresStorage:
         """Bound what runs on ``conn`` inside this context by the call timeout, from now."""
         return self.sessions.bounded(conn, self.call_timeout)
 
+    def remember(self, txn: RenewedTxn) -> None:
+        """Keep what a renewal committed outside ``transaction()`` (``renew_ahead``) left
+        behind, and the clock it saw, as ``transaction()`` keeps its own."""
+        self._seen.remember(txn.rows())
+        self._seen.saw_clock(txn.clock)
+
     def _translate(self, call: Call, exc: psycopg.Error) -> QueenError:
         if call.overran():
             return call.overrun_error()
@@ -299,7 +306,7 @@ class PostgresStorage:
         if not script:
             return  # it committed as it ran
         try:
-            cur.execute("; ".join(q for q, _ in script), [p for _, ps in script for p in ps])
+            pipeline.send(cur, script)  # prepared statements only: one pipeline; else text
         except psycopg.Error as exc:
             if call.overran():
                 raise call.overrun_error(

@@ -22,6 +22,7 @@ holder's own renewals (UPDATEs of non-key columns) are not blocked by it.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import time
@@ -42,6 +43,7 @@ from .sql import (
 )
 
 
+@functools.lru_cache(maxsize=4096)  # every call of a name hashes it again otherwise
 def entity_key(entity: str) -> int:
     return signed32(int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=4).digest(),
                                     "big"))
