@@ -36,6 +36,10 @@ from ._results import Result
 
 log = logging.getLogger("queen_sync")
 
+# Entries a client keeps for acquires in flight before it forgets those cut off by an
+# interrupt: far more than the threads that acquire at once, so pruning is rare.
+_FLIGHTS_KEPT = 64
+
 
 def default_url() -> str:
     """``QUEEN_URL``, else an SQLite file in the user's state directory."""
@@ -272,18 +276,20 @@ class Queen:
         return answer
 
     def _call_ops(self, route: str, ops: list[dict[str, Any]]) -> list[Result]:
+        return [Result(result) for result in self._call_checked(route, ops)]
+
+    def _call_checked(self, route: str, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The results of ``ops``, checked to be one object per op, as the engine gave them."""
         results = self._call(route, {"operations": ops}).get("results")
         if not isinstance(results, list) or len(results) != len(ops):
             got = len(results) if isinstance(results, list) else type(results).__name__
             raise ProtocolError(f"{route} sent {len(ops)} op(s) and got results: {got}",
                                 route=route)
-        wrapped = []
         for result in results:
-            if not isinstance(result, dict):
+            if type(result) is not dict and not isinstance(result, dict):
                 raise ProtocolError(f"{route} answered a result that is not an object",
                                     route=route)
-            wrapped.append(Result(result))
-        return wrapped
+        return results
 
     def _call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
         return self._call_ops("locks", ops)
@@ -309,8 +315,24 @@ class Queen:
         # dict operation, which a KeyboardInterrupt cannot split and no lock guards: an
         # interrupt can only leave an entry whose frame is gone, which close() sees as landed.
         self._flights: dict[FrameType, int] = {}
+        self._prune_flights_at = _FLIGHTS_KEPT  # past this many entries, forget the dead ones
         self._landed = threading.Event()  # set when the last one lands while closing
         self._close_claim = threading.Lock()  # taken once, never released: one close() runs
+
+    def _prune_flights(self) -> None:
+        """Forget the acquires whose attempt no longer runs (an interrupt cut off their exit).
+
+        The entries are read before the stacks: an attempt that was running when listed is
+        then on its thread's stack, and is kept. Run once the table has doubled since the
+        last time, so its cost is spread over that many acquires.
+        """
+        flights = self._flights
+        listed = list(flights)
+        running = _frames_on_stacks()
+        for frame in listed:
+            if frame not in running:
+                flights.pop(frame, None)
+        self._prune_flights_at = max(_FLIGHTS_KEPT, 2 * len(flights))
 
     @property
     def _acquires(self) -> int:
@@ -365,7 +387,7 @@ class Queen:
         self._wait_for_acquires(timeout)
         held = self.renewer.held()
         self.renewer.stop()
-        if held:
+        if held or self.renewer.watching_strays:
             # Batches stop starting at the deadline; the one in flight then is cut loose.
             tally, deadline = GiveBack(len(held)), started + timeout
             _bounded(lambda: self.renewer.give_back(held, tally, deadline),
@@ -412,6 +434,8 @@ class _AcquireInFlight:
         flights = client._flights
         attempt = sys._getframe(1)
         flights[attempt] = threading.get_ident()
+        if len(flights) > client._prune_flights_at:
+            client._prune_flights()
         # Registered before the check: close() sets _closing before it looks (GIL order).
         if client._closing:
             flights.pop(attempt, None)
@@ -422,6 +446,17 @@ class _AcquireInFlight:
         client._flights.pop(sys._getframe(1), None)
         if client._closing:
             client._landed.set()
+
+
+def _frames_on_stacks() -> set[FrameType]:
+    """Every frame running now, on any thread of this process."""
+    frames: set[FrameType] = set()
+    for top in sys._current_frames().values():
+        frame: Optional[FrameType] = top
+        while frame is not None:
+            frames.add(frame)
+            frame = frame.f_back
+    return frames
 
 
 def _still_running(frame: FrameType, thread: int) -> bool:
@@ -469,8 +504,9 @@ class _HandleCaller:
     def acquiring(self) -> ContextManager[None]:
         return self._client._in_flight  # as ``_acquiring()``, a call less on every acquire
 
-    def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]:
-        return self._client._call_ops("locks", ops)  # as ``_call_locks``, a call less
+    def call_locks(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # Checked as ``_call_locks`` does, not copied into ``Result``s: handles read them only.
+        return self._client._call_checked("locks", ops)
 
     def call_kv(self, ops: list[dict[str, Any]]) -> list[Result]:
         return self._client._call_kv(ops)

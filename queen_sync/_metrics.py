@@ -72,6 +72,18 @@ class Metrics:
             if self._min_margin is None or seconds < self._min_margin:
                 self._min_margin = seconds
 
+    def renewals(self, n: int, *, margin: float) -> None:
+        """``n`` renews of one batch succeeded; ``margin``: the least time any had left.
+
+        One update for the whole batch: a renewer's tick renews thousands of leases.
+        """
+        if n <= 0:
+            return
+        with self._lock:
+            self._counts["renewed"] += n
+            if self._min_margin is None or margin < self._min_margin:
+                self._min_margin = margin
+
     def snapshot(self) -> dict[str, Any]:
         """A copy of every figure: counts, held, timings and the smallest renew margin."""
         with self._lock:

@@ -218,9 +218,9 @@ def check_lock_op(op: Any) -> Mapping[str, Any]:
     """Validate one op of ``POST /api/v1/locks``; raises TypeError or RequestError."""
     if type(op) is not dict and not isinstance(op, Mapping):  # a dict skips the ABC's check
         raise TypeError(f"a lock op must be a dict, got {type(op).__name__}")
-    kind = op.get("op")
-    if kind == "renew" and type(op) is dict and _known_good_renew(op):
+    if type(op) is dict and _known_good(op):
         return op
+    kind = op.get("op")
     if kind not in LOCK_OPS:
         raise _lock_error(f"unknown lock op {kind!r}; expected one of {sorted(LOCK_OPS)}")
     check_name(op.get("name"))
@@ -241,19 +241,35 @@ def check_lock_op(op: Any) -> Mapping[str, Any]:
     return op
 
 
-def _known_good_renew(op: dict[str, Any]) -> bool:
-    """Whether a renew is one ``check_lock_op`` accepts, judged in one expression.
+def _known_good(op: dict[str, Any]) -> bool:
+    """Whether ``op`` is one ``check_lock_op`` accepts, judged in a few comparisons.
 
-    A renewer's tick sends thousands of renews copied from ops checked when first built,
-    so their names and owners are known good: only exact plain types, known names and
-    owners and in-range numbers answer True; anything else takes the full check.
+    Every acquire, renew and release a handle sends is a copy of an op checked when first
+    built, so its name and owner are known good: only exact plain types, known names and
+    owners and in-range numbers answer True; anything else takes the full check. Written
+    out, without calls: a tick checks thousands of renews.
     """
-    name, owner, token = op.get("name"), op.get("owner"), op.get("token")
-    ttl, slot = op.get("ttlSeconds"), op.get("slot", 0)
-    return (type(name) is str and name in _GOOD_NAMES and type(owner) is str
-            and owner in _GOOD_OWNERS and type(token) is int and 1 <= token <= MAX_TOKEN
-            and type(ttl) is int and 1 <= ttl <= MAX_TTL_SECONDS
-            and type(slot) is int and 0 <= slot < MAX_LIMIT)
+    name, kind = op.get("name"), op.get("op")
+    if type(name) is not str or name not in _GOOD_NAMES:
+        return False
+    if kind == "renew" or kind == "acquire":
+        ttl = op.get("ttlSeconds")
+        if type(ttl) is not int or not 1 <= ttl <= MAX_TTL_SECONDS:
+            return False
+        if "owner" in op:
+            owner = op["owner"]
+            if type(owner) is not str or owner not in _GOOD_OWNERS:
+                return False
+        if kind == "acquire":
+            limit = op.get("limit", 1)
+            return type(limit) is int and 1 <= limit <= MAX_LIMIT
+    elif kind == "get":
+        return True
+    elif kind != "release":
+        return False
+    token, slot = op.get("token"), op.get("slot", 0)
+    return (type(token) is int and 1 <= token <= MAX_TOKEN and type(slot) is int
+            and 0 <= slot < MAX_LIMIT)
 
 
 def check_kv_op(op: Any, *, in_transaction: bool = False) -> Mapping[str, Any]:

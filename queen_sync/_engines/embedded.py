@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from .._errors import RequestError, UnsupportedOperationError
 from .._ops import (
@@ -26,7 +26,7 @@ from .._ops import (
     permit_key,
     split_permit_key,
 )
-from .storage import Footprint, Row, Storage, StorageTxn
+from .storage import Footprint, Row, Storage, StorageTxn, restamper
 
 
 class _Rollback(Exception):
@@ -62,6 +62,26 @@ class _Step:
             self.txn.freed(permit[0])
 
 
+class _KvStep(_Step):
+    """A key/value step that keeps every key's row as it first read it.
+
+    Every op reads its key before it writes it, so that first read is the row as committed
+    before the call: what a rolled-back call reports, never a row it undid.
+    """
+
+    def __init__(self, txn: StorageTxn) -> None:
+        super().__init__(txn)
+        self.committed: dict[tuple[str, str], Optional[Row]] = {}
+
+    def live(self, ns: str, key: str) -> Optional[Row]:
+        row = self.txn.read(ns, key, now_ms=self.now)
+        self.committed.setdefault((ns, key), row)
+        return row
+
+
+_S = TypeVar("_S", bound=_Step)
+
+
 class EmbeddedSemantics:
     """Answers the wire's bodies from a ``Storage``; shared by the SQLite and PostgreSQL engines."""
 
@@ -77,10 +97,12 @@ class EmbeddedSemantics:
             ops = _operations(body, route)
             for op in ops:
                 check_kv_op(op)
-            return {"results": self._run(kv_footprint(ops), lambda step: _kv_results(step, ops))}
+            return {"results": self._run(kv_footprint(ops), _KvStep,
+                                         lambda step: _kv_results(step, ops))}
         if route == "transaction":
             kv_ops = _transaction_ops(body)
-            return dict(self._run(kv_footprint(kv_ops), lambda step: _transaction(step, kv_ops)))
+            return dict(self._run(kv_footprint(kv_ops), _KvStep,
+                                  lambda step: _transaction(step, kv_ops)))
         raise RequestError(f"unknown route {route!r}", code="bad_request")
 
     def locks(self, checked: CheckedLockOps) -> dict[str, Any]:
@@ -93,12 +115,13 @@ class EmbeddedSemantics:
             rule = _LOCK_OPS[op["op"]]
             return {"results": self.storage.transaction(
                 lock_footprint(ops), lambda txn: [rule(_Step(txn), op)])}
-        return {"results": self._run(lock_footprint(ops),
+        return {"results": self._run(lock_footprint(ops), _Step,
                                      lambda step: [_LOCK_OPS[o["op"]](step, o) for o in ops])}
 
-    def _run(self, footprint: Footprint, work: Callable[[_Step], Any]) -> Any:
+    def _run(self, footprint: Footprint, step: Callable[[StorageTxn], _S],
+             work: Callable[[_S], Any]) -> Any:
         try:
-            return self.storage.transaction(footprint, lambda txn: work(_Step(txn)))
+            return self.storage.transaction(footprint, lambda txn: work(step(txn)))
         except _Rollback as rollback:
             return rollback.answer
 
@@ -301,8 +324,8 @@ def _renew(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 def _renewed(step: _Step, op: Mapping[str, Any], slot: int, row: Row) -> dict[str, Any]:
     # Renewing always mints, a resend too; what it presented is the owner's floor.
     new = step.txn.next_version()
-    step.write(Row(row.ns, row.key, row.value, new, step.expires_at(op), row.created_at,
-                   step.now, prev_version=op["token"]))
+    restamper(step.txn)(Row(row.ns, row.key, row.value, new, step.expires_at(op),
+                            row.created_at, step.now, prev_version=op["token"]))
     return {"renewed": True, "slot": slot, "token": new,
             "guard": guard_op(op["name"], slot, new)}
 
@@ -475,18 +498,31 @@ _KV_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {
 }
 
 
-def _kv_results(step: _Step, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _as_committed(step: _KvStep, op: Mapping[str, Any], lost: dict[str, Any]) -> dict[str, Any]:
+    """A lost required op's answer, its key's version and value as committed.
+
+    Its call rolls back, so a row an earlier op of the call wrote never existed: reporting
+    it would hand out a version the store may issue again, and a value nobody can read.
+    """
+    row = step.committed[(op["ns"], op["key"])]
+    return {**lost, "version": row.version if row is not None else 0,
+            "value": row.value if row is not None else None}
+
+
+def _kv_results(step: _KvStep, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A ``/kv`` batch: ops answer on their own, unless a ``required`` one does not apply.
 
     Then nothing of the batch is written and the ops after it are not run; every
-    answer still lines up with its op, so a caller can tell which one failed.
+    answer still lines up with its op, so a caller can tell which one failed, and the
+    failed one reports its key as committed.
     """
     results = []
     for index, op in enumerate(ops):
         result = {"index": index, **_KV_OPS[op["op"]](step, op)}
         if op.get("required") and result.get("applied") is False:
+            failed = _as_committed(step, op, result)
             raise _Rollback([
-                {**result, "failedIndex": index} if i == index else
+                {**failed, "failedIndex": index} if i == index else
                 {"index": i, "applied": False, "reason": "rolled_back", "failedIndex": index}
                 for i in range(len(ops))
             ])
@@ -494,18 +530,19 @@ def _kv_results(step: _Step, ops: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return results
 
 
-def _transaction(step: _Step, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _transaction(step: _KvStep, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     results = []
     for index, op in enumerate(ops):
         result = _KV_OPS[op["op"]](step, op)
         if op.get("required") and not result["applied"]:
+            failed = _as_committed(step, op, result)
             raise _Rollback({
                 "success": False,
                 "reason": "kv_precondition",
                 "failedIndex": index,
-                "kvReason": result.get("reason"),
-                "version": result.get("version", 0),
-                "value": result.get("value"),
+                "kvReason": failed.get("reason"),
+                "version": failed["version"],
+                "value": failed["value"],
             })
         results.append({"index": index, **result})
     return {"success": True, "kv": results}

@@ -11,7 +11,11 @@ What it resends, and why that cannot apply a call twice:
   connection failure, a timeout or a 502/503/504, within ``retries``. The owner
   makes a resent acquire answer the same permit and a resent renew renew again
   (with a new, higher token), and a resent release of a token already released
-  frees nothing;
+  frees nothing. What it cannot stop is a stalled first send applied after the
+  resend was answered: a renew then moves the permit on (the owner's tokens since
+  still renew, and the handle releases by owner), and an acquire landing after the
+  release takes the permit for nobody until its TTL, unless the handle's client
+  closes first (``left_strays``);
 - anything else (KV writes, ``incr``, transactions, owner-less lock ops): resent
   only when the request provably never reached the broker (the connection was
   never opened); otherwise the error surfaces, because the broker may have
@@ -218,6 +222,7 @@ class HttpEngine(Engine):
         self._current = 0
         self._count_lock = threading.Lock()
         self.requests_sent = 0
+        self._strays = threading.local()  # see ``left_strays``
         self._session = self._new_session()
 
     @classmethod
@@ -254,6 +259,7 @@ class HttpEngine(Engine):
         safe = resendable(route, body)
         deadline = time.monotonic() + self._call_timeout
         failure: Optional[QueenError] = None
+        self._strays.left = False
         for attempt in range(self._attempts):
             if failure is not None:
                 self._pause(attempt, failure, deadline)
@@ -267,12 +273,14 @@ class HttpEngine(Engine):
                 self._fail_over(base)
                 if not (safe or never_sent(exc)):
                     raise failure from exc
+                self._strays.left = self._strays.left or not never_sent(exc)
                 log.info("%s; %s", failure, "trying again")
                 continue
             status = response.status_code
             if status == 429 or (safe and status in _GATEWAY_STATUSES):
                 failure = http_error(route, response)
-                if status != 429:
+                if status != 429:  # a gateway may have passed the request on
+                    self._strays.left = True
                     self._fail_over(base)
                 log.info("%s; trying again", failure)
                 continue
@@ -281,6 +289,16 @@ class HttpEngine(Engine):
             return read_answer(route, response)
         assert failure is not None
         raise failure
+
+    def left_strays(self) -> bool:
+        """Whether this thread's last call was resent after a request that may still land.
+
+        A stalled request is given up on, not recalled: the broker may apply it after the
+        resend was answered. An owner's acquire landing so, after its permit was released,
+        takes the permit again for nobody; the handle then gives it back when its client
+        closes.
+        """
+        return bool(getattr(self._strays, "left", False))
 
     def _post(self, base: str, path: str, payload: bytes, deadline: float
               ) -> requests.Response:

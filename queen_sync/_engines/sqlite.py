@@ -1,17 +1,19 @@
 """The embedded default: one SQLite file shared by many processes on one machine.
 
-WAL mode with a busy timeout, every call one ``BEGIN IMMEDIATE`` transaction, so
-writers queue on the file lock instead of racing. The store-wide version counter
-lives in its own row and only ever rises, so tokens outlive every release,
-expiry, deletion and reopening of the file. With ``synchronous=NORMAL`` (the
-default) a process crash loses nothing; an OS crash or power cut may lose the
-last commits, counter included: use ``?synchronous=full`` when a fence must
+WAL mode with a busy timeout, every call one ``BEGIN IMMEDIATE`` transaction (a lone
+release is one guarded DELETE, its own transaction), so writers queue on the file lock
+instead of racing. The store-wide version counter lives in its own row and only ever
+rises, so tokens outlive every release, expiry, deletion and reopening of the file; a
+step drawing many versions moves it once and stores where it reached at commit. With
+``synchronous=NORMAL`` (the default) a process crash loses nothing; an OS crash or power
+cut may lose the last commits, counter included: use ``?synchronous=full`` when a fence must
 survive that.
 
-This process never opens the file with its own descriptors once it may exist: POSIX
-drops every lock a process holds on a file when ANY descriptor of it is closed, those
-SQLite holds for other clients of the file included, and a neighbour that then finds
-no lock believes itself the last user and deletes the live WAL. For the same reason no
+POSIX drops every lock a process holds on a file when ANY descriptor of it is closed,
+those SQLite holds for other clients of the file included, and a neighbour that then
+finds no lock believes itself the last user and deletes the live WAL. So this process
+opens an existing file with a descriptor of its own only as the anchor of its first
+connection there, closed after its last (``sqlite_files.anchor_store``). For the same reason no
 connection stays open across ``fork()`` (see ``_before_fork``). A client remembers which
 file (device, inode) and which ``-wal`` and ``-shm`` it opened and refuses to go on with
 others, and it refuses files another user could change (``sqlite_files``).
@@ -20,14 +22,16 @@ others, and it refuses files another user could change (``sqlite_files``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Sequence, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .._errors import (
@@ -37,9 +41,20 @@ from .._errors import (
     StoreReplacedError,
     UnsupportedOperationError,
 )
+from .._ops import LOCKS_NS, permit_key
 from .base import Capabilities, Engine, Waiter, redact_url_for_error
 from .embedded import EmbeddedSemantics
-from .sqlite_files import SideFiles, changed_side_file, refuse_unsafe_store, side_files
+from .sqlite_files import (
+    FileKey,
+    SideFiles,
+    anchor_store,
+    changed_side_file,
+    claim_side_files,
+    refuse_moved_files,
+    refuse_unsafe_store,
+    release_anchor,
+    side_files,
+)
 from .sqlite_wake import WakeChannel
 from .storage import Footprint, Row, StorageTxn, prefix_end
 
@@ -74,8 +89,19 @@ _SWEEP_EVERY = 512
 _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)  # UPDATE ... RETURNING, one statement
 _T = TypeVar("_T")
 # Made once: ``json.dumps`` with separators builds a new encoder at every call.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+_encoder = json.JSONEncoder(separators=(",", ":"))
+_encode = _encoder.encode
+# ``encode`` builds its C encoder anew at every call; this one is built once. Without the
+# circular-reference table it keeps no state between calls (a circular value overflows it).
+_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # None without the C module
+_encode_fast = None if _make_encoder is None else _make_encoder(
+    None, _encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False,
+    True)
 _decode = json.JSONDecoder().decode
+# The decoder's own scanner (typeshed does not declare the attribute every decoder has).
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_SLOT_OPS = frozenset({"renew", "release"})
+_KEYS_PER_READ = 500  # bound parameters per read of a batch's rows, below every SQLite's limit
 
 # Held while this process creates a database file or opens a connection, so a new file's
 # creating descriptor is closed before any connection of this process can lock that file.
@@ -99,9 +125,43 @@ def _identity(path: str) -> tuple[int, int, int]:
     return info.st_dev, info.st_ino, info.st_nlink
 
 
+def _encoded(value: Any) -> str:
+    """``value`` as stored: the text ``_encode`` makes, made with the encoder built once."""
+    if _encode_fast is None or isinstance(value, str):
+        return _encode(value)
+    try:
+        return "".join(_encode_fast(value, 0))
+    except Exception:  # whatever failed, ``_encode`` raises its own error for it
+        return _encode(value)
+
+
+def _decoded(text: str) -> Any:
+    """A stored value. Nearly every text is this module's compact encoding, which the scanner
+    reads whole without ``decode``'s two whitespace matches; any other text takes ``decode``."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return _decode(text)  # raises the error a malformed text deserves
+    return value if end == len(text) else _decode(text)
+
+
 def _row(record: Sequence[Any]) -> Row:
     ns, key, value, version, expires_at, created_at, updated_at, prev = record
-    return Row(ns, key, _decode(value), version, expires_at, created_at, updated_at, prev)
+    return Row(ns, key, _decoded(value), version, expires_at, created_at, updated_at, prev)
+
+
+def _slot_keys(footprint: Footprint) -> list[str]:
+    """The permit keys a batch's renews and releases name by slot, each once, in body order."""
+    ops = footprint.lock_ops
+    if len(ops) < 2:
+        return []  # a lone op reads its one row as it goes
+    keys = {permit_key(op["name"], op["slot"]): None for op in ops
+            if "slot" in op and op["op"] in _SLOT_OPS}
+    return list(keys)
+
+
+def _read_keys(count: int) -> str:
+    return f"SELECT {_COLUMNS} FROM queen_kv WHERE ns = ? AND key IN ({', '.join('?' * count)})"
 
 
 class _SqliteTxn:
@@ -109,6 +169,8 @@ class _SqliteTxn:
         self._conn = conn
         self._clock = clock
         self.freed_names: set[str] = set()
+        self._drawn = 0  # the last version this step handed out; 0 before its first draw
+        self._stored = 0  # what the counter's row holds inside this step
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -136,9 +198,19 @@ class _SqliteTxn:
     def write(self, row: Row) -> None:
         self._conn.execute(
             f"INSERT OR REPLACE INTO queen_kv ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.ns, row.key, _encode(row.value), row.version,
+            (row.ns, row.key, _encoded(row.value), row.version,
              row.expires_at, row.created_at, row.updated_at, row.prev_version),
         )
+
+    def restamp(self, row: Row) -> None:
+        """Store a renewal of the row read at its key in this step: its value is unchanged,
+        so its stored text is left as it is, not encoded again."""
+        if self._conn.execute(
+            "UPDATE queen_kv SET version = ?, expires_at = ?, updated_at = ?, prev_version = ?"
+            " WHERE ns = ? AND key = ?",
+            (row.version, row.expires_at, row.updated_at, row.prev_version, row.ns, row.key),
+        ).rowcount != 1:
+            self.write(row)  # not there after all: the whole row, as ``write`` stores it
 
     def delete(self, ns: str, key: str) -> None:
         self._conn.execute("DELETE FROM queen_kv WHERE ns = ? AND key = ?", (ns, key))
@@ -147,18 +219,44 @@ class _SqliteTxn:
         self.freed_names.add(name)
 
     def next_version(self) -> int:
-        if _RETURNING:
+        # The step holds the file's write lock, so nobody else draws until it ends: its first
+        # draw moves the stored counter, later ones count on in memory, and ``commit`` stores
+        # where they reached in the same transaction (a rollback undoes both, and then no
+        # version of it was answered).
+        if self._drawn:
+            self._drawn += 1
+            return self._drawn
+        if _RETURNING:  # a lone acquire's one draw: one statement, no more
             (value,) = self._conn.execute(
                 "UPDATE queen_meta SET value = value + 1 WHERE name = 'version' RETURNING value"
             ).fetchone()
-            return int(value)
+            self._drawn = self._stored = int(value)
+        else:
+            self._drawn = self._stored = self._bump()
+        return self._drawn
+
+    def _bump(self) -> int:
+        """The counter moved up one and read back, on an SQLite without RETURNING."""
         self._conn.execute("UPDATE queen_meta SET value = value + 1 WHERE name = 'version'")
         (value,) = self._conn.execute(
             "SELECT value FROM queen_meta WHERE name = 'version'"
         ).fetchone()
         return int(value)
 
+    def _store_counter(self) -> None:
+        """Write the last version drawn, guarded: a counter moved by anyone else inside this
+        step would mean two steps drew at once, so nothing of it may commit."""
+        if self._conn.execute(
+            "UPDATE queen_meta SET value = ? WHERE name = 'version' AND value = ?",
+            (self._drawn, self._stored),
+        ).rowcount != 1:
+            raise EngineError("the version counter of this SQLite database moved while a "
+                              "step held its write lock; nothing of the step was written")
+        self._stored = self._drawn
+
     def commit(self) -> None:
+        if self._drawn != self._stored:
+            self._store_counter()
         self._conn.execute("COMMIT")
 
     def sweep(self, now_ms: int) -> None:
@@ -185,9 +283,43 @@ class _LoneReleaseTxn(_SqliteTxn):
             (ns, key, now_ms, token, token)).rowcount == 1
 
 
-def _is_lone_release(footprint: Footprint) -> bool:
-    op = footprint.lone_lock_op
-    return op is not None and op["op"] == "release" and "slot" in op
+class _BatchTxn(_SqliteTxn):
+    """A batch naming slots (a renewer's tick, a client closing): the rows of those slots are
+    read up front, a few statements for the whole body, and its reads of them answered
+    from memory. Every write of the step passes through here and the step holds the
+    write lock, so what is remembered stays what the file holds."""
+
+    def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float],
+                 keys: Sequence[str]) -> None:
+        super().__init__(conn, clock)
+        rows: dict[str, Optional[Row]] = dict.fromkeys(keys)
+        for start in range(0, len(keys), _KEYS_PER_READ):
+            chunk = keys[start:start + _KEYS_PER_READ]
+            for record in conn.execute(_read_keys(len(chunk)), (LOCKS_NS, *chunk)):
+                rows[record[1]] = _row(record)
+        self._rows = rows  # by key, in the permits' namespace; None: no row
+
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        if ns != LOCKS_NS or key not in self._rows:
+            return super().read(ns, key, now_ms=now_ms)
+        row = self._rows[key]
+        return row if row is not None and row.live_at(now_ms) else None
+
+    def write(self, row: Row) -> None:
+        super().write(row)
+        self._remember(row.ns, row.key, row)
+
+    def restamp(self, row: Row) -> None:
+        super().restamp(row)
+        self._remember(row.ns, row.key, row)
+
+    def delete(self, ns: str, key: str) -> None:
+        super().delete(ns, key)
+        self._remember(ns, key, None)
+
+    def _remember(self, ns: str, key: str, row: Optional[Row]) -> None:
+        if ns == LOCKS_NS and key in self._rows:
+            self._rows[key] = row
 
 
 class _NeedsWrite(Exception):
@@ -209,6 +341,57 @@ class _ReadOnlyTxn(_SqliteTxn):
     def next_version(self) -> int:
         raise _NeedsWrite
 
+    def restamp(self, row: Row) -> None:
+        raise _NeedsWrite
+
+
+class _NeedsTransaction(Exception):
+    """A step run as one statement reached another before it: it runs again, in a transaction."""
+
+
+class _AloneTxn(_LoneReleaseTxn):
+    """A lone release run outside a transaction: its one guarded DELETE commits by itself.
+
+    Nothing else may run that way: any other statement, reached before the DELETE, ends the
+    attempt (``_NeedsTransaction``, nothing written); reached after it, it is refused, as the
+    DELETE has committed and the two would not be one step.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        super().__init__(conn, clock)
+        self._deleted = False
+
+    def delete_live_at(self, ns: str, key: str, token: int, *, now_ms: int) -> bool:
+        if self._deleted:
+            self._refuse()
+        self._deleted = True
+        return super().delete_live_at(ns, key, token, now_ms=now_ms)
+
+    def _refuse(self) -> NoReturn:
+        if self._deleted:
+            raise EngineError("an SQLite release reached a second statement after its DELETE "
+                              "committed on its own; please report this")
+        raise _NeedsTransaction
+
+    def read(self, ns: str, key: str, *, now_ms: int) -> Optional[Row]:
+        self._refuse()
+
+    def read_prefix(self, ns: str, prefix: str, *, after: Optional[str], limit: int,
+                    now_ms: int) -> Sequence[Row]:
+        self._refuse()
+
+    def write(self, row: Row) -> None:
+        self._refuse()
+
+    def restamp(self, row: Row) -> None:
+        self._refuse()
+
+    def delete(self, ns: str, key: str) -> None:
+        self._refuse()
+
+    def next_version(self) -> int:
+        self._refuse()
+
 
 class SqliteStorage:
     """``Storage`` over one SQLite file; one connection per process, used under a lock."""
@@ -229,6 +412,7 @@ class SqliteStorage:
         self._calls = 0
         self._identity: Optional[tuple[int, int]] = None
         self._sides: SideFiles = ()
+        self._anchor: Optional[FileKey] = None  # the file this client's connection anchors
         with _REGISTERING:
             self._conn: Optional[sqlite3.Connection] = self._connect()
             _LIVE.add(self)
@@ -244,14 +428,40 @@ class SqliteStorage:
             while True:
                 try:
                     with _OPENING:
-                        conn = self._open()
+                        conn = self._open_claimed()
                     break
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) or time.monotonic() + delay > deadline:
                         raise
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
-        self._remember_identity(conn)
+        return conn
+
+    def _open_claimed(self) -> sqlite3.Connection:
+        """``_open`` on files only this user made, checked again once SQLite opened them.
+
+        SQLite opens the ``-wal``, ``-shm`` and ``-journal`` by name, creating any that is
+        missing, and reads what it finds: in a sticky shared folder another user could
+        create one between the checks and the open. So none is left missing (each is
+        claimed), and no other process may delete one meanwhile (the file is anchored).
+        """
+        if self._identity is not None and not os.path.lexists(self.path):
+            self._check_identity()  # deleted since this client opened it: say so
+        key = self._safely(_anchored)
+        try:
+            claimed = self._safely(lambda path: claim_side_files(os.path.realpath(path)))
+            conn = self._open()
+            try:
+                self._safely(lambda path: refuse_moved_files(os.path.realpath(path), key,
+                                                             claimed))
+                self._remember_identity(conn)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            release_anchor(key)
+            raise
+        self._anchor = key
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -344,6 +554,13 @@ class SqliteStorage:
                 return self._read_only(work)
             except _NeedsWrite:
                 pass  # it can apply after all: run it again from scratch, under the write lock
+        op = footprint.lone_lock_op
+        if op is not None and op["op"] == "release" and "slot" in op and (
+                (self._calls + 1) % _SWEEP_EVERY):  # the sweep's turn takes a transaction
+            try:
+                return self._alone(work)
+            except _NeedsTransaction:
+                pass  # nothing ran: the step runs again, in a transaction
         # The same step as ``atomic()``, written out: this is every call's path, and two
         # generator-based context managers per call cost more than the rest of it.
         with self._mutex:
@@ -351,8 +568,7 @@ class SqliteStorage:
                 conn = self._connection()
                 try:
                     conn.execute("BEGIN IMMEDIATE")
-                    txn = (_LoneReleaseTxn if _is_lone_release(footprint) else _SqliteTxn)(
-                        conn, self._clock)
+                    txn = self._txn(conn, footprint)
                     answer = work(txn)
                     self._commit(txn)
                 except BaseException:
@@ -360,9 +576,38 @@ class SqliteStorage:
                     raise
             except sqlite3.DatabaseError as exc:
                 raise _translate(self.path, exc) from exc
+        return self._woken(txn, answer)
+
+    def _alone(self, work: Callable[[StorageTxn], _T]) -> _T:
+        """A lone release as its one DELETE, which commits by itself (so without BEGIN and
+        COMMIT), run once the file is found to be the one this client opened, as before
+        every commit."""
+        with self._mutex:
+            try:
+                conn = self._connection()
+                if not self._intact():
+                    self._check_identity()
+                self._calls += 1
+                txn = _AloneTxn(conn, self._clock)
+                answer = work(txn)
+            except sqlite3.DatabaseError as exc:
+                raise _translate(self.path, exc) from exc
+        return self._woken(txn, answer)
+
+    def _woken(self, txn: _SqliteTxn, answer: _T) -> _T:
+        """``answer``, once the waiters of every name the committed step freed are woken."""
         if txn.freed_names and self.wake is not None:
             self.wake.notify(sorted(txn.freed_names))
         return answer
+
+    def _txn(self, conn: sqlite3.Connection, footprint: Footprint) -> _SqliteTxn:
+        """The step's transaction object: the general one, or one a body's shape lets do less."""
+        op = footprint.lone_lock_op
+        if op is not None:  # a handle's every call: no batch to read ahead for
+            release = op["op"] == "release" and "slot" in op
+            return (_LoneReleaseTxn if release else _SqliteTxn)(conn, self._clock)
+        keys = _slot_keys(footprint)
+        return _BatchTxn(conn, self._clock, keys) if keys else _SqliteTxn(conn, self._clock)
 
     def _likely_refused(self, footprint: Footprint) -> bool:
         """Whether this step is an attempt of a waiter of this process on a lock it waits for.
@@ -432,8 +677,17 @@ class SqliteStorage:
         """Close the connection (the caller holds the mutex); the next call reconnects."""
         conn, self._conn = self._conn, None
         self._sides = ()  # the next connection may find new ones, made by SQLite itself
-        if conn is not None:
-            conn.close()
+        anchor, self._anchor = self._anchor, None
+        if conn is None:
+            return
+        # Not while another client of this process opens the file: closing it last, SQLite
+        # here would delete the side files that client just claimed.
+        with _OPENING:
+            try:
+                conn.close()
+            finally:
+                if anchor is not None:
+                    release_anchor(anchor)
 
     def close(self) -> None:
         with self._mutex:  # leaving _LIVE under the mutex: a fork closes it, or finds it closed
@@ -441,6 +695,14 @@ class SqliteStorage:
             self._disconnect()
         if self.wake is not None:
             self.wake.close()
+
+
+def _anchored(path: str) -> FileKey:
+    """``anchor_store`` on the file ``path`` names; busy as SQLite says it, to be retried."""
+    try:
+        return anchor_store(os.path.realpath(path))
+    except BlockingIOError as exc:  # another process is closing it, exclusively, for now
+        raise sqlite3.OperationalError(f"database is locked ({exc.strerror})") from exc
 
 
 def _has_schema(conn: sqlite3.Connection) -> bool:
@@ -571,10 +833,71 @@ def _prepare_file(path: str) -> None:
         refuse_unsafe_store(path)  # before creating anything in a folder others may change
         # Only a file that does not exist yet is opened: no client of this process can hold
         # locks on it, so closing the descriptor drops none.
+        real = os.path.realpath(path)  # a checked symlink's target, made if missing
         with _OPENING, contextlib.suppress(FileExistsError):
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            if not _link_new_store(real):
+                os.close(os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise EngineUnavailableError(f"cannot open SQLite database {path}: {exc}") from exc
+
+
+def _link_new_store(path: str) -> bool:
+    """Give ``path`` a finished store, schema and WAL mode in place, unless a file is there
+    (``FileExistsError``); False where a nameless file cannot be made and linked (not Linux).
+
+    A file that appears empty is switched to WAL by its first client, which needs SQLite's
+    exclusive lock: clients anchor (``anchor_store``) only files already in WAL mode, as
+    an anchor SQLite cannot see would stall the switch, so such a file is anchored only
+    from its second opening on.
+    """
+    if os.path.lexists(path):
+        raise FileExistsError(path)  # the usual case, answered before writing a new file
+    tmpfile = getattr(os, "O_TMPFILE", None)
+    if tmpfile is None or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        fd = os.open(os.path.dirname(path), tmpfile | os.O_RDWR, 0o600)
+    except OSError:
+        return False  # a filesystem without nameless files
+    try:
+        os.fchmod(fd, 0o600)
+        image = _store_image()
+        while image:
+            image = image[os.write(fd, image):]
+        os.fsync(fd)
+        _link_open_file(fd, path)  # fails if a file is there: nothing is replaced
+    except FileExistsError:
+        raise
+    except OSError:
+        return False  # not linkable here: an empty file, switched by its first client
+    finally:
+        os.close(fd)
+    return True
+
+
+def _link_open_file(fd: int, path: str) -> None:
+    # Through the descriptor's name under /proc, followed: ``os.link`` follows a symlink
+    # only when it is given a folder descriptor.
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
+
+
+@functools.lru_cache(maxsize=1)
+def _store_image() -> bytes:
+    """The bytes of a new, empty store in WAL mode, made once per process in a private folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        made = os.path.join(folder, "store.db")
+        conn = sqlite3.connect(made, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        finally:
+            conn.close()  # the last connection: everything is checkpointed into the file
+        with open(made, "rb") as handle:
+            return handle.read()
 
 
 def path_from_url(url: str) -> tuple[str, dict[str, str]]:

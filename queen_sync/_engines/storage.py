@@ -103,6 +103,11 @@ class StorageTxn(Protocol):
     delete the row if it is live at ``now_ms`` and ``token`` is its version or its
     ``prev_version``, answering whether it did. A release naming its slot then costs
     one statement instead of a read and a delete; without it the same rule reads first.
+
+    And ``restamp(row) -> None``: store ``row``, a renewal of the row this step read at its
+    key, which it changes only in ``version``, ``expires_at``, ``updated_at`` and
+    ``prev_version``; the storage may leave the stored value as it is. Without it, the
+    semantics ``write`` the row whole (``restamper``).
     """
 
     def now_ms(self) -> int:
@@ -128,6 +133,12 @@ class StorageTxn(Protocol):
 
     def next_version(self) -> int:
         """Advance the store-wide high-water mark and return it; it never rewinds."""
+
+
+def restamper(txn: StorageTxn) -> Callable[[Row], None]:
+    """How ``txn`` stores a renewal: its ``restamp`` if it offers one, else its ``write``."""
+    restamp: Optional[Callable[[Row], None]] = getattr(txn, "restamp", None)
+    return txn.write if restamp is None else restamp
 
 
 class Storage(Protocol):

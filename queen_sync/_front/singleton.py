@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from types import FrameType
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -50,6 +51,7 @@ from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration, lease_seconds, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
+from .._handle.interrupts import defer_if_held
 from .._handle.lock import Lock, require_arbitration, wait_seconds
 from .._handle.losses import Reaction
 from .._ops import check_name
@@ -70,6 +72,7 @@ OnLost = Union[Literal["interrupt", "exit", "ignore"], Callable[[Lock], Any]]
 # distinct from 75 (busy), 1/2 (common failures), 126/127 (shell) and 128+n (signals).
 LOST_EXIT_CODE = 76
 EXIT_LOG_SECONDS = 1.0  # how long on_lost="exit" gives the log handlers before it exits anyway
+LANDING_SECONDS = 1.0  # how long a job's end waits for its interrupt, already sent, to land
 
 ONCE_NS = "queen-jobs"
 _ON_BUSY = ("skip", "raise", "wait")
@@ -133,7 +136,8 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
             None; ``"raise"`` raises ``LockBusyError`` with the holders; ``"wait"``
             waits up to ``wait`` (required then) and raises ``LockBusyError`` after.
         on_lost: ``"interrupt"`` raises ``LockLostError`` in the body when it runs in
-            the main thread (elsewhere it only logs and sets ``lock.lost``);
+            the main thread, or in place of the value when the loss is noticed as the
+            body returns (elsewhere it only logs and sets ``lock.lost``);
             ``"exit"`` logs and ends the process with exit code 76; ``"ignore"``
             only sets ``lock.lost``; a callable is called with the lock.
         client: the client; None uses ``queen_sync.default_client()`` at call time.
@@ -237,11 +241,14 @@ def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Sup
         return None
     lock = client.lock(name, ttl=spec.ttl, wait=spec.wait)
 
+    def work() -> T:
+        with _supervised(supervisor, client):
+            return fn(lock, *args, **kwargs) if spec.bind else fn(*args, **kwargs)
+
     def body() -> Optional[T]:
         if period is not None and period.done(client):
             return None
-        with _on_lost(spec, lock), _supervised(supervisor, client):
-            value = fn(lock, *args, **kwargs) if spec.bind else fn(*args, **kwargs)
+        value = _reacting_to_loss(spec, lock, work)
         if period is not None:
             period.record(client, lock)
         return value
@@ -269,9 +276,8 @@ def _supervised(supervisor: Optional[Supervisor], client: Queen) -> Iterator[Non
 # ---- loss -----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
-    """Install the job's reaction to a lost lease for the time the body runs."""
+def _reacting_to_loss(spec: _Spec, lock: Lock, work: Callable[[], T]) -> T:
+    """Run ``work`` (the body) with the job's reaction to a lost lease in place."""
     action = spec.on_lost
     if callable(action):
         react = action
@@ -279,23 +285,13 @@ def _on_lost(spec: _Spec, lock: Lock) -> Iterator[None]:
     elif action == "exit":
         lock.on_lost(Reaction(lambda reason: _exit_lost(lock, reason)))
     if action != "interrupt":
-        yield
-        return
+        return work()
     if threading.current_thread() is not threading.main_thread():
         lock.on_lost(lambda reason: log.warning(
             "job %r lost its lease (%s) in a thread that cannot be interrupted; "
             "lock.lost is set", lock.name, reason))
-        yield
-        return
-    with _Interrupter(lock) as interrupter:
-        try:
-            yield
-        except KeyboardInterrupt as exc:
-            if not interrupter.fired:
-                raise
-            raise LockLostError(f"job {lock.name!r} stopped: its lease was lost "
-                                f"({lock.lost_reason})", name=lock.name,
-                                reason=lock.lost_reason, token=lock.last_token) from exc
+        return work()
+    return _Interrupter(lock).run(work)
 
 
 def _exit_lost(lock: Lock, reason: str) -> None:
@@ -321,32 +317,78 @@ def _tell_exit(lock: Lock, reason: str) -> None:
 class _Interrupter:
     """While the body runs in the main thread, a lost lease interrupts it.
 
-    The loss handler sends SIGINT to the main thread (a real signal wakes a
-    blocking sleep or read); this SIGINT handler turns OUR interrupt into a
-    ``KeyboardInterrupt`` that the wrapper converts to ``LockLostError``, and hands
-    any other SIGINT (a real Ctrl-C) to the handler that was there before.
+    The loss reaction sends SIGINT to the main thread (a real signal wakes a blocking
+    sleep or read). This SIGINT handler turns OUR interrupt into a ``KeyboardInterrupt``
+    that ``run`` converts to ``LockLostError``, and hands any other SIGINT (a real
+    Ctrl-C) to the handler that was there before. Either is raised only inside the body,
+    and there not in a handle's bookkeeping (``defer_if_held``: a lock's gate left taken
+    would hang its next exit). One landing in the job's own set-up or tear-down is noted
+    and raised at the body's edge, so the previous handler is always put back.
     """
 
     def __init__(self, lock: Lock) -> None:
         self._lock = lock
         self._mutex = threading.Lock()
         self._active = False
-        self._pending = False
-        self.fired = False
-        self._previous: Any = None
+        self._pending = False  # our interrupt was sent and has not landed
+        self._in_body = False
+        self._ctrl_c = False  # a real Ctrl-C landed outside the body: replayed at its edge
+        self.fired = False  # our interrupt landed while the body could still be stopped
+        self._previous: Any = signal.getsignal(signal.SIGINT)
 
-    def __enter__(self) -> _Interrupter:
-        self._previous = signal.getsignal(signal.SIGINT)
+    def run(self, work: Callable[[], T]) -> T:
+        """Run ``work``; a loss before it returned raises ``LockLostError`` instead."""
+        try:
+            self._install()
+            value = self._body(work)
+        except KeyboardInterrupt as exc:
+            self._uninstall()
+            if not self.fired:
+                raise
+            raise self._lost_error("stopped: its lease was lost") from exc
+        except BaseException:
+            self._uninstall()
+            raise
+        self._uninstall()
+        # Lost while it ran, the interrupt outrun by the return: the work was not exclusive.
+        if self.fired or self._lock.lost.is_set():
+            raise self._lost_error("lost its lease before it finished; its value is dropped")
+        return value
+
+    def _install(self) -> None:
         signal.signal(signal.SIGINT, self._on_sigint)
         self._active = True
         self._lock.on_lost(Reaction(self._lost))
-        return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def _body(self, work: Callable[[], T]) -> T:
+        self._in_body = True
+        try:
+            if self.fired:  # landed during the set-up
+                raise KeyboardInterrupt
+            if self._ctrl_c:
+                self._ctrl_c = False
+                signal.raise_signal(signal.SIGINT)  # handled as if it landed here
+            return work()
+        finally:
+            self._in_body = False
+
+    def _uninstall(self) -> None:
         self._active = False
-        with self._mutex:  # an interrupt being sent now lands while our handler is in place
-            pass
-        signal.signal(signal.SIGINT, self._previous)  # runs pending handlers first
+        with self._mutex:  # past it no reaction is mid-send: _pending tells what was sent
+            sent = self._pending
+        if sent:
+            self._await_landing()
+        if self._previous is not None:  # None: set outside Python, which cannot be restored
+            signal.signal(signal.SIGINT, self._previous)  # runs pending handlers first
+        if self._ctrl_c:
+            self._ctrl_c = False
+            signal.raise_signal(signal.SIGINT)  # to the handler it was meant for
+
+    def _await_landing(self) -> None:
+        """Let our interrupt, sent to this thread, land here rather than after the job."""
+        deadline = time.monotonic() + LANDING_SECONDS
+        while self._pending and time.monotonic() < deadline:
+            time.sleep(0.001)  # a signal sent to this thread lands when the sleep returns
 
     def _lost(self, reason: str) -> None:
         with self._mutex:
@@ -362,18 +404,33 @@ class _Interrupter:
 
                 _thread.interrupt_main()
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self._pending:
-            self._pending = False
-            if self._active:
-                self.fired = True
-                raise KeyboardInterrupt
+    def _on_sigint(self, signum: int, frame: Optional[FrameType]) -> None:
+        if not self._pending:
+            self._forward(signum, frame)
+            return
+        self._pending = False
+        if not self._active:  # the body has ended: ``run`` reads the loss from lock.lost
+            return
+        self.fired = True
+        if self._in_body and not defer_if_held(frame):
+            raise KeyboardInterrupt
+
+    def _forward(self, signum: int, frame: Optional[FrameType]) -> None:
+        """A real Ctrl-C: to the previous handler, or raised as Python's default would."""
+        if not self._in_body:
+            self._ctrl_c = True
             return
         previous = self._previous
-        if callable(previous):
+        if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
-        elif previous != signal.SIG_IGN:
+        elif previous != signal.SIG_IGN and not defer_if_held(frame):
             raise KeyboardInterrupt
+
+    def _lost_error(self, what: str) -> LockLostError:
+        lock = self._lock
+        reason = lock.lost_reason or "lost"
+        return LockLostError(f"job {lock.name!r} {what} ({reason})", name=lock.name,
+                             reason=reason, token=lock.last_token)
 
 
 # ---- once per period ------------------------------------------------------------------------

@@ -54,7 +54,9 @@ class Caller(Protocol):
         can wait for the acquires in flight and then release everything they took.
         """
 
-    def call_locks(self, ops: list[dict[str, Any]]) -> list[Result]: ...
+    def call_locks(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The answers to ``ops``, one object per op, for the handle to read (never to hand
+        out: they are the engine's own objects, not ``Result`` copies)."""
 
     def call_kv(self, ops: list[dict[str, Any]]) -> list[Result]: ...
 

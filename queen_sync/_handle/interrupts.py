@@ -11,6 +11,8 @@ prompt in user code and in engine calls, except when the signal lands in a hold
 (``interrupts_held()``) or in a function registered with ``bookkeeping`` (whose
 whole body is a hold, so a signal at its first bytecode, before the hold is open,
 is covered too). Then it is noted, and the end of the outermost hold raises it.
+Another handler that raises into the main thread (``@singleton_job`` installs one for
+its body) asks ``defer_if_held`` first, so it cannot cut a handle's bookkeeping short.
 """
 
 from __future__ import annotations
@@ -53,11 +55,22 @@ def _in_bookkeeping(frame: Optional[FrameType]) -> bool:
     return False
 
 
-def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+def defer_if_held(frame: Optional[FrameType]) -> bool:
+    """For a SIGINT landing in ``frame``: note it if a hold or bookkeeping must finish first.
+
+    Returns:
+        True when noted (the end of the outermost hold raises ``KeyboardInterrupt``);
+        False when the caller may raise it at once.
+    """
     if _state.depth > 0 or _in_bookkeeping(frame):
         _state.pending = True
-        return
-    raise KeyboardInterrupt
+        return True
+    return False
+
+
+def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+    if not defer_if_held(frame):
+        raise KeyboardInterrupt
 
 
 def _in_main_thread() -> bool:

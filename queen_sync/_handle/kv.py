@@ -77,8 +77,9 @@ class Kv:
 
         Ops answer on their own, except that a ``required=True`` write that does not apply
         cancels the whole batch: nothing of it is written, and the ops after it are not
-        run. Its answer keeps its own verdict (``reason``, ``version``, ``value``) plus
-        ``failedIndex``; every other op answers ``{"index": i, "applied": False,
+        run. Its answer keeps its own ``reason``, with ``version`` and ``value`` of its key
+        as committed (never a row the batch undid), plus ``failedIndex``; every other op
+        answers ``{"index": i, "applied": False,
         "reason": "rolled_back", "failedIndex": k}``.
         """
         return self._client.call_kv(list(operations))

@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
 from typing_extensions import ParamSpec
 
@@ -27,13 +27,14 @@ from .._errors import (
     LockError,
     LockLostError,
     LockNotHeldError,
+    ProtocolError,
     StoreReplacedError,
     UnsupportedOperationError,
 )
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
 from .._process import forks
-from .._results import Holder, RunResult, holders_from_wire
+from .._results import Holder, RunResult, granted_permit, holders_from_wire, lock_verdict
 from .interrupts import block_closed, block_opened, bookkeeping, interrupts_held
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ _current: contextvars.ContextVar[Optional[Lock]] = contextvars.ContextVar(
 _MAX_BACKOFF = 1.0
 _RENEW_BY = 2 / 3  # of a lease's lifetime: the latest point its next renew is planned for
 _OWNER_CHECK = 0.1  # seconds between looks at whether the thread inside a block still lives
+_NEVER = float("inf")
 
 
 def current_lock() -> Optional[Lock]:
@@ -88,6 +90,12 @@ def require_arbitration(engine: Engine, what: str) -> None:
             raise UnsupportedOperationError(
                 f"{what}: the {engine.kind} engine ({engine.url}) lacks {capability} ({why}); "
                 "a lease on it could not keep two holders' work apart", capability=capability)
+
+
+def late_release_op(lock: Lock, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The release op for the permit a renew answered after ``lock``'s deadline had passed."""
+    token, slot = granted_permit(answer)
+    return LockOps.release(lock.name, token=token, slot=slot)
 
 
 def wait_seconds(wait: Optional[Duration]) -> float:
@@ -150,6 +158,10 @@ class Lock:
         self.renew_every = renew_interval(renew_every, ttl)
         self._default_wait = wait_seconds(wait)
         self._client = client
+        self._clock = client.clock  # a client's clock never changes, forked or not
+        # Whether the engine resent the last call after a send that may still land (HTTP).
+        self._left_strays: Optional[Callable[[], bool]] = getattr(client.engine, "left_strays",
+                                                                  None)
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -157,10 +169,12 @@ class Lock:
         self._state = threading.Lock()  # makes "mark lost" happen once
         self._token: Optional[int] = None
         self._slot: Optional[int] = None
-        self._sent_at = 0.0
-        self._lease_ttl = 0.0  # the lifetime the op behind ``_sent_at`` carried
+        # When the last acquire or renew that took was sent, plus the lifetime its op
+        # carried: one number, so that a reader without the state lock never sees half
+        # of an update (a late view would outlive the engine's deadline).
+        self._deadline = 0.0
         self._sending_ttl = 0.0  # the lifetime of the last renew op built
-        self._next_renew = float("inf")
+        self._next_renew = _NEVER
         # The name, owner and ttl a renew op was checked for, and that op: see ``renew_op``.
         self._renew_base: Optional[tuple[str, str, float, dict[str, Any]]] = None
         # The same for the acquire op (and the limit), and for the release op (the name).
@@ -241,14 +255,14 @@ class Lock:
     @property
     def held(self) -> bool:
         """True while this handle has a token and its local deadline has not passed."""
-        return self._token is not None and self._client.clock.monotonic() < self.deadline
+        return self._token is not None and self._clock.monotonic() < self._deadline
 
     @property
     def remaining(self) -> float:
         """Seconds before the local deadline (a lower bound on the engine's), 0 when not held."""
         if self._token is None:
             return 0.0
-        return max(0.0, self.deadline - self._client.clock.monotonic())
+        return max(0.0, self._deadline - self._clock.monotonic())
 
     @property
     def holders(self) -> tuple[Holder, ...]:
@@ -265,7 +279,7 @@ class Lock:
     @property
     def deadline(self) -> float:
         """The local deadline, on the client's monotonic clock."""
-        return float(self._sent_at + self._lease_ttl)
+        return self._deadline
 
     @property
     def renew_due(self) -> float:
@@ -277,7 +291,7 @@ class Lock:
 
         A True answer must be followed by ``end_call()``.
         """
-        return self._io.acquire(blocking=False)
+        return self._io.acquire(False)  # positional: a tick claims thousands, keywords cost
 
     def end_call(self) -> None:
         """End the engine call that ``try_begin_call()`` claimed."""
@@ -370,17 +384,24 @@ class Lock:
         op = self._acquire_op(ttl)
         for _ in range(3):
             with self._io:
-                sent_at = self._client.clock.monotonic()
+                sent_at = self._clock.monotonic()
                 try:
                     answer = self._client.call_locks([op])[0]
-                    if answer.get("acquired"):
-                        if answer.get("already"):
+                    if self._left_strays is not None and self._left_strays():
+                        self._client.renewer.watch_for_strays(self)
+                    if lock_verdict(answer, "acquired"):
+                        if "already" in answer and lock_verdict(answer, "already"):
                             return self._took_own(answer, ttl, started, cell)
                         self._took(answer, sent_at, started, ttl, cell)
                         return True
                 except BaseException as exc:
-                    if not isinstance(exc, Exception):
-                        self._abandon()  # interrupted mid-call: the engine may have granted it
+                    # Interrupted mid-call, or answered unreadably: the engine may have
+                    # granted this owner a permit, which nothing here would ever renew.
+                    if not isinstance(exc, Exception) or isinstance(exc, ProtocolError):
+                        self._abandon()
+                    elif self._left_strays is not None and self._left_strays():
+                        # Every send given up on may still land and take a permit.
+                        self._client.renewer.watch_for_strays(self)
                     raise
             self._holders = holders_from_wire(answer.get("holders"))
             if answer.get("reason") != "contended":
@@ -415,11 +436,12 @@ class Lock:
         counted from this acquire would outlive it. When the renew is refused (the permit
         expired meanwhile), nothing is held.
         """
-        op = LockOps.renew(self.name, token=int(answer["token"]), ttl_seconds=wire_seconds(ttl),
-                           slot=int(answer["slot"]), owner=self.owner)
-        sent_at = self._client.clock.monotonic()
+        token, slot = granted_permit(answer)
+        op = LockOps.renew(self.name, token=token, ttl_seconds=wire_seconds(ttl), slot=slot,
+                           owner=self.owner)
+        sent_at = self._clock.monotonic()
         renewed = self._client.call_locks([op])[0]
-        if not renewed.get("renewed"):
+        if not lock_verdict(renewed, "renewed"):
             self._holders = ()
             return False
         self._took(renewed, sent_at, started, ttl, cell)
@@ -427,11 +449,11 @@ class Lock:
 
     def _took(self, answer: dict[str, Any], sent_at: float, started: float, ttl: float,
               cell: Optional[int]) -> None:
-        token, slot = int(answer["token"]), int(answer["slot"])
+        token, slot = granted_permit(answer)
         # Under the state lock: the renewer's expiry pass cannot mark this fresh lease lost
         # for the deadline of the one before it (``mark_lost`` takes it too).
         with self._state:
-            self._lease_ttl, self._sent_at = ttl, sent_at  # before the token: never a late view
+            self._deadline = sent_at + ttl  # before the token: never a late view
             self._next_renew = self._renew_planned(sent_at, ttl)
             # Registered before the token is set: a fork from another thread in between
             # leaves a child either no token or a registered handle, which its reset empties.
@@ -461,6 +483,17 @@ class Lock:
             log.warning("could not give back lock %r after an interrupt; it expires by itself",
                         self.name, exc_info=True)
 
+    def release_strays(self) -> bool:
+        """Give back what a late first send of an acquire took after this handle let go.
+
+        The caller has claimed the call (``try_begin_call``), so no acquire of this handle
+        is in flight: while it holds nothing, a permit of its owner is nobody's. An owner
+        given as ``owner=`` may be another handle's too, so its permits are left alone.
+        """
+        if self._token is not None or self._explicit_owner:
+            return False
+        return self._release_mine()
+
     def _release_mine(self) -> bool:
         """Release every permit of ``name`` whose owner is this handle's (owners are unique)."""
         answer = self._client.call_locks([LockOps.get(self.name)])[0]
@@ -469,7 +502,7 @@ class Lock:
             return False
         answers = self._client.call_locks(
             [LockOps.release(self.name, token=h.token, slot=h.slot) for h in mine])
-        return any(a.get("released") for a in answers)
+        return any([lock_verdict(a, "released") for a in answers])  # each read, each checked
 
     # ---- renew -------------------------------------------------------------------------
 
@@ -479,18 +512,17 @@ class Lock:
             op = self.renew_op()
             if op is None:
                 return False
-            sent_at = self._client.clock.monotonic()
+            sent_at = self._clock.monotonic()
             try:
                 answer = self._client.call_locks([op])[0]
-            except Exception:
+                if self.apply_renewal(answer, sent_at):
+                    return True
+            except Exception:  # no answer, or one naming no permit: it may have applied
                 self._renew_unanswered(sent_at)
                 raise
-            if self.apply_renewal(answer, sent_at):
-                return True
             if answer.get("renewed"):  # it came after the deadline: give that permit back
                 try:
-                    self._client.call_locks([LockOps.release(
-                        self.name, token=int(answer["token"]), slot=answer.get("slot"))])
+                    self._client.call_locks([late_release_op(self, answer)])
                 except Exception:
                     log.warning("could not give back lock %r renewed too late; it expires by "
                                 "itself", self.name, exc_info=True)
@@ -504,19 +536,18 @@ class Lock:
         # Checked once per name, owner and lifetime, then copied with the token and slot of
         # the moment: a tick of thousands of leases does not check each op twice (the
         # engine checks every op it runs).
-        base = self._renew_base
-        ttl = self._ttl
+        base, name, owner, ttl = self._renew_base, self._name, self._owner, self._ttl
+        if base is None or base[0] is not name or base[1] is not owner or base[2] is not ttl:
+            op = LockOps.renew(name, token=token, ttl_seconds=wire_seconds(ttl),
+                               slot=self._slot, owner=owner)
+            self._renew_base = (name, owner, ttl, op)
+            op = dict(op)
+        else:
+            op = dict(base[3])
+            op["token"] = token
+            if self._slot is not None:
+                op["slot"] = self._slot
         self._sending_ttl = ttl  # the lifetime the renewed lease's deadline counts
-        if (base is None or base[0] != self.name or base[1] != self.owner
-                or base[2] != ttl):
-            op = LockOps.renew(self.name, token=token, ttl_seconds=wire_seconds(ttl),
-                               slot=self._slot, owner=self.owner)
-            self._renew_base = (self.name, self.owner, ttl, op)
-            return dict(op)
-        op = dict(base[3])
-        op["token"] = token
-        if self._slot is not None:
-            op["slot"] = self._slot
         return op
 
     def apply_renewal(self, answer: dict[str, Any], sent_at: float) -> bool:
@@ -525,24 +556,42 @@ class Lock:
         An answer that arrives after the local deadline never revives the lease: the
         loss may already have been reported, and work stopped because of it.
         """
-        with self._state:
-            deadline = self.deadline
-            live = self._token is not None and self._client.clock.monotonic() < deadline
-            if live and answer.get("renewed"):
-                self._renew_took(answer, sent_at, deadline)
-                return True
-        self.mark_lost("renew" if live else "expired")
-        return False
+        deadline = self.take_renewal(answer, sent_at, self._clock.monotonic())
+        if deadline is None:
+            return False
+        self._client.metrics.renewals(1, margin=deadline - sent_at)
+        return True
 
-    def _renew_took(self, answer: dict[str, Any], sent_at: float, deadline: float) -> None:
-        metrics = self._client.metrics
-        metrics.margin(deadline - sent_at)
-        metrics.count("renewed")
-        self._token, self._slot = int(answer["token"]), int(answer["slot"])
-        self._last_token = self._token
-        self._lease_ttl, self._sent_at = self._sending_ttl, sent_at  # ttl first: never late
-        self._next_renew = self._renew_planned(sent_at, self._sending_ttl)
-        self._unsure = False
+    def take_renewal(self, answer: Mapping[str, Any], sent_at: float,
+                     landed: float) -> Optional[float]:
+        """Apply the answer to a renew sent at ``sent_at``, judged at ``landed``, when it came.
+
+        For a batch: the caller has begun the call, reads the clock once for all its
+        answers and counts the renewals in the metrics (``apply_renewal`` does for one).
+
+        Returns:
+            The deadline the renew beat (for the margin), or None when the lease is gone:
+                refused (``renew``), or past its deadline when the answer came (``expired``).
+
+        Raises:
+            ProtocolError: the answer's verdict is not true or false, or it says renewed
+                but names no usable permit. Nothing changed: the caller treats it as a
+                renew whose answer was lost.
+        """
+        permit = granted_permit(answer) if lock_verdict(answer, "renewed") else None
+        with self._state:
+            deadline = self._deadline
+            live = self._token is not None and landed < deadline
+            if live and permit is not None:
+                ttl = self._sending_ttl
+                self._deadline = sent_at + ttl  # before the token: never a late view
+                self._next_renew = self._renew_planned(sent_at, ttl)
+                self._token, self._slot = permit
+                self._last_token = permit[0]
+                self._unsure = False
+                return deadline
+        self.mark_lost("renew" if live else "expired")
+        return None
 
     def _renew_planned(self, sent_at: float, ttl: float) -> float:
         """When to renew a lease sent at ``sent_at`` with the lifetime ``ttl`` its op carried.
@@ -552,9 +601,10 @@ class Lock:
         third of the lease is left for the renew to land.
         """
         if not self.auto_renew:
-            return float("inf")
+            return _NEVER
         longest = ttl / 3 if self._chosen_renew_every is None else ttl * _RENEW_BY
-        return sent_at + min(self.renew_every, longest)
+        every = self.renew_every
+        return sent_at + (every if every < longest else longest)  # a tick plans thousands
 
     def renewal_failed(self, now: float, sent_at: Optional[float] = None) -> None:
         """A renew call got no answer: try again sooner, until the local deadline.
@@ -564,7 +614,7 @@ class Lock:
         if sent_at is not None:
             self._renew_unanswered(sent_at)
         self._unsure = True
-        self._next_renew = now + min(self.renew_every, max(0.05, (self.deadline - now) / 4))
+        self._next_renew = now + min(self.renew_every, max(0.05, (self._deadline - now) / 4))
 
     def _renew_unanswered(self, sent_at: float) -> None:
         """A renew sent at ``sent_at`` may have applied: hold to the earlier deadline of the two.
@@ -574,8 +624,8 @@ class Lock:
         """
         with self._state:
             self._unsure = True
-            if self._token is not None and sent_at + self._sending_ttl < self.deadline:
-                self._lease_ttl, self._sent_at = self._sending_ttl, sent_at
+            if self._token is not None and sent_at + self._sending_ttl < self._deadline:
+                self._deadline = sent_at + self._sending_ttl
 
     # ---- release and loss --------------------------------------------------------------
 
@@ -648,12 +698,17 @@ class Lock:
         return self._release_op(token, slot)
 
     def end_release(self, answer: dict[str, Any]) -> bool:
-        """Apply the answer to ``begin_release``'s op; True when the engine gave it back."""
-        self._unreleased = None
+        """Apply the answer to ``begin_release``'s op; True when the engine gave it back.
+
+        Raises:
+            ProtocolError: the answer is unreadable; the permit is kept for ``release()``.
+        """
+        released = lock_verdict(answer, "released")
+        sent, self._unreleased = self._unreleased, None
         self._client.metrics.count("released")
-        if answer.get("released"):
-            return True
-        return self._release_mine() if self._unsure else False
+        if released or sent is None:
+            return released
+        return self._release_moved_on(*sent)
 
     def _release_op(self, token: int, slot: Optional[int]) -> dict[str, Any]:
         """The release op for ``token`` and ``slot``, its name checked once (as ``renew_op``)."""
@@ -683,10 +738,29 @@ class Lock:
 
     def _give_back(self, token: int, slot: Optional[int]) -> bool:
         answer = self._client.call_locks([self._release_op(token, slot)])[0]
-        if answer.get("released"):
+        if lock_verdict(answer, "released"):
             return True
-        # A renew whose answer was lost may have moved the row past the token known here.
-        return self._release_mine() if self._unsure else False
+        return self._release_moved_on(token, slot)
+
+    def _release_moved_on(self, token: int, slot: Optional[int]) -> bool:
+        """Release by owner a permit this owner's own renews moved past the token known here.
+
+        A renew whose answer was lost, or a late duplicate of an answered one (a resend
+        over HTTP), moves the row on. With a minted owner any permit of it is this
+        handle's; an owner given as ``owner=`` may be a later incarnation's too (a
+        worker's stable id across a restart), whose permit is not this handle's to free,
+        so its permit is first renewed from ``token``: the engine renews only the
+        permit its tokens since ``token`` moved, never a later holder's.
+        """
+        if not self._explicit_owner:
+            return self._release_mine()
+        renewed = self._client.call_locks([LockOps.renew(
+            self.name, token=token, ttl_seconds=1, slot=slot, owner=self.owner)])[0]
+        if not lock_verdict(renewed, "renewed"):
+            return False
+        moved, at = granted_permit(renewed)
+        answer = self._client.call_locks([LockOps.release(self.name, token=moved, slot=at)])[0]
+        return lock_verdict(answer, "released")
 
     def mark_lost(self, reason: str, *, past: Optional[float] = None) -> None:
         """Mark the lease lost once, and run the ``on_lost`` handlers off this thread.
@@ -695,7 +769,7 @@ class Lock:
         deadline is not after it: one renewed or taken afresh since it was judged stays.
         """
         with self._state:  # all of it, so that an acquire landing now is not undone
-            if self._token is None or (past is not None and self.deadline > past):
+            if self._token is None or (past is not None and self._deadline > past):
                 return
             self._token = None
             self._client.renewer.unregister(self)
@@ -771,7 +845,8 @@ class Lock:
         mine = permit is not None and permit.owner == self.owner
         if mine and permit is not None and permit.token == token:
             return True
-        if mine and permit is not None and self._unsure and permit.token > token:
+        if (mine and permit is not None and self._unsure and permit.token > token
+                and not self._explicit_owner):
             # A renew whose answer was lost moved the row; it was sent after the one the
             # local deadline counts from, so that deadline still stands for the new token.
             with self._state:
@@ -779,8 +854,26 @@ class Lock:
                     self._token = self._last_token = permit.token
                     self._unsure = False
             return self.held
+        if mine and permit is not None and permit.token > token:
+            # A late duplicate of an answered renew (a resend over HTTP) moved this owner's
+            # row on: renewing from the token held gives a token and a deadline seen here.
+            return self._renew_in_call()
         self.mark_lost("guard")
         return False
+
+    def _renew_in_call(self) -> bool:
+        """Renew from the token held, in a call already claimed; True while held after it."""
+        op = self.renew_op()
+        if op is None:
+            return False
+        sent_at = self._clock.monotonic()
+        try:
+            return self.apply_renewal(self._client.call_locks([op])[0], sent_at)
+        except EngineError as exc:  # unanswered, or unreadable: it may have applied
+            self._renew_unanswered(sent_at)
+            log.warning("could not renew lock %r to verify it (%s); going by the local belief",
+                        self.name, exc)
+            return self.held
 
     def fence(self, conn: Any) -> None:
         """Assert, inside ``conn``'s open transaction, that this permit is still this token's.
@@ -878,8 +971,8 @@ class Lock:
             LockLostError: the lease the outer blocks run under was lost, or has expired.
         """
         with self._state:
-            token, now = self._token, self._client.clock.monotonic()
-            if token is not None and now < self.deadline:
+            token, now = self._token, self._clock.monotonic()
+            if token is not None and now < self._deadline:
                 return True
             lost = token is not None or self.lost.is_set()
         if token is not None:  # expired, not yet seen by the renewer

@@ -24,13 +24,15 @@ past the caller's deadline, failures counted for one summary line, not logged ea
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .._errors import StoreReplacedError
-from .._ops import LockOps
+from .._errors import ProtocolError, StoreReplacedError
+from .lock import late_release_op
 
 if TYPE_CHECKING:
     from .caller import Caller
@@ -113,6 +115,8 @@ class Renewer:
         self._stopping = False
         self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
         self._deferred: dict[int, float] = {}  # lease id -> when to try one whose call was busy
+        self._told: weakref.WeakSet[Lock] = weakref.WeakSet()  # unreadable answers logged
+        self._strays: weakref.WeakSet[Lock] = weakref.WeakSet()  # see ``watch_for_strays``
         self.ticks = 0
         self.calls = 0
 
@@ -125,7 +129,7 @@ class Renewer:
                 self._thread.start()
             planned = self._planned
         # Wake the thread only when this lease needs it before it means to look anyway.
-        if planned <= 0.0 or min(lock.renew_due, lock.deadline) < planned:
+        if planned <= 0.0 or lock.renew_due < planned or lock.deadline < planned:
             self._wake.set()
 
     def unregister(self, lock: Lock) -> None:
@@ -162,18 +166,14 @@ class Renewer:
         live = []
         nearest = now + _IDLE_CHECK
         for lock in self.held():
-            try:
-                deadline = lock.deadline
-            except Exception as exc:  # a lifetime set to garbage: taken as passed
-                log.error("lock %r has no deadline, so it is lost: %r", lock.name, exc)
-                lock.mark_lost("expired")
-                continue
-            if now >= deadline:
+            deadline = lock.deadline
+            if now < deadline:
+                live.append(lock)
+                if deadline < nearest:
+                    nearest = deadline
+            else:
                 # Judged for the lease read here: one taken afresh since then stays held.
                 lock.mark_lost("expired", past=now)
-            else:
-                live.append(lock)
-                nearest = min(nearest, deadline)
         return live, nearest
 
     def _due(self, live: list[Lock], now: float) -> list[Lock]:
@@ -245,12 +245,53 @@ class Renewer:
         if call.error is not None:
             self._failed(locks, call.error, sent_at)
             return
-        self._client.metrics.observe("renew_rtt_seconds", clock.monotonic() - sent_at)
-        late = [LockOps.release(lock.name, token=int(answer["token"]), slot=answer.get("slot"))
-                for lock, answer in zip(locks, call.value)
-                if not lock.apply_renewal(answer, sent_at) and answer.get("renewed")]
+        landed = clock.monotonic()
+        self._client.metrics.observe("renew_rtt_seconds", landed - sent_at)
+        late = self._apply(locks, call.value, sent_at, landed)
         if late:
             self._give_back(late)
+
+    def _apply(self, locks: list[Lock], answers: list[Any], sent_at: float,
+               landed: float) -> list[dict[str, Any]]:
+        """Apply each answer to its lease, all judged at ``landed`` (when the call came back).
+
+        The metrics are updated once for the batch. Returns the release ops of permits
+        renewed after their leases' deadlines. An answer naming no usable permit fails
+        its lease alone, as a renew whose answer was lost.
+        """
+        renewed, beaten, late, unreadable = 0, math.inf, [], 0
+        told = self._told
+        for lock, answer in zip(locks, answers):
+            try:
+                deadline = lock.take_renewal(answer, sent_at, landed)
+            except ProtocolError as exc:
+                unreadable += 1
+                self._unreadable(lock, exc)
+                lock.renewal_failed(landed, sent_at)
+                continue
+            if told:  # read well again: a later unreadable answer is news
+                told.discard(lock)
+            if deadline is not None:
+                renewed += 1
+                if deadline < beaten:
+                    beaten = deadline
+            elif answer.get("renewed"):
+                late.append(late_release_op(lock, answer))
+        metrics = self._client.metrics
+        metrics.renewals(renewed, margin=beaten - sent_at)
+        if unreadable:
+            metrics.count("renew_error", unreadable)
+        return late
+
+    def _unreadable(self, lock: Lock, error: ProtocolError) -> None:
+        """Log a lease's unreadable renew answer once until one reads well: it is retried
+        every few tenths of a second, and a line each time would bury everything else."""
+        if lock in self._told:
+            log.debug("renewing lock %r failed again (%s)", lock.name, error)
+            return
+        self._told.add(lock)
+        log.error("renewing lock %r failed (%s); retrying it before its deadline, and not "
+                  "logging it again until an answer reads well", lock.name, error)
 
     def _await(self, call: _Call, nearest: float) -> _Call:
         """Wait for ``call``, waking at each local deadline to mark those leases lost.
@@ -287,18 +328,45 @@ class Renewer:
             log.warning("could not give back %d permit(s) renewed too late; they expire by "
                         "themselves: %r", len(ops), call.error)
 
+    def watch_for_strays(self, lock: Lock) -> None:
+        """``lock``'s acquire was resent after a send that may still land and take a permit
+        for it when it no longer holds: ``give_back`` looks for one."""
+        self._strays.add(lock)
+
+    @property
+    def watching_strays(self) -> bool:
+        """Whether ``give_back`` has stray permits to look for, even with nothing held."""
+        return bool(self._strays)
+
     def give_back(self, locks: list[Lock], tally: GiveBack,
                   deadline: float = float("inf")) -> GiveBack:
         """Release ``locks`` in batches of ``RELEASES_PER_CALL``, starting none past ``deadline``.
 
-        ``deadline`` is on ``time.monotonic()``. Failures are counted in ``tally``, never
-        logged here: the caller logs one line for all of them.
+        Then, within the same ``deadline``, the permits late first sends of acquires took
+        for handles holding nothing (``watch_for_strays``). ``deadline`` is on
+        ``time.monotonic()``. Failures are counted in ``tally``, never logged here: the
+        caller logs one line for all of them.
         """
         for start in range(0, len(locks), RELEASES_PER_CALL):
             if time.monotonic() >= deadline:
                 break
             self._give_back_batch(locks[start:start + RELEASES_PER_CALL], tally)
+        self._give_back_strays(deadline)
         return tally
+
+    def _give_back_strays(self, deadline: float) -> None:
+        for lock in list(self._strays):
+            if time.monotonic() >= deadline:
+                return
+            if not lock.try_begin_call():
+                continue  # an acquire or release of it is in flight: it knows its permit
+            try:
+                self._strays.discard(lock)
+                lock.release_strays()
+            except Exception as exc:  # best effort: a stray permit expires by itself
+                log.info("could not look for a stray permit of lock %r: %r", lock.name, exc)
+            finally:
+                lock.end_call()
 
     def _give_back_batch(self, locks: list[Lock], tally: GiveBack) -> None:
         claimed: list[Lock] = []
@@ -353,13 +421,22 @@ class Renewer:
                 tally.error = exc
 
     def _next_wake(self, now: float) -> float:
+        """Seconds until the first lease is due or reaches its deadline."""
         deferred = self._deferred
-        if deferred:
-            times = [min(max(lock.renew_due, deferred.get(id(lock), 0.0)), lock.deadline)
-                     for lock in self.held()]
-        else:  # the usual case, without a lookup per lease
-            times = [min(lock.renew_due, lock.deadline) for lock in self.held()]
-        return max(0.0, min(times, default=now + _IDLE_CHECK) - now)
+        locks = self.held()
+        if not locks:
+            return _IDLE_CHECK
+        first = math.inf
+        for lock in locks:
+            at = lock.renew_due
+            if deferred:
+                at = max(at, deferred.get(id(lock), 0.0))
+            deadline = lock.deadline
+            if deadline < at:
+                at = deadline
+            if at < first:
+                first = at
+        return max(0.0, first - now)
 
     def _loop(self) -> None:
         clock = self._client.clock

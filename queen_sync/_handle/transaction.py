@@ -315,11 +315,16 @@ class Transaction:
 
     @staticmethod
     def _renewed_underneath(lock: Lock, answer: Result, sent_token: int) -> bool:
+        """Whether the guard lost only to this handle's own renewal, now caught up with."""
         value = answer.get("value")
         mine = isinstance(value, dict) and value.get("owner") == lock.owner
         if answer.get("kvReason") != "version" or not mine:
             return False
         lock.await_renewal()  # let an in-flight renew land, then read the new token
+        if lock.held and lock.token == sent_token:
+            # Still this owner's row, moved by a late duplicate of an answered renew (a
+            # resend over HTTP): renewing from the token held mints one the row is at.
+            lock.renew()
         return lock.held and lock.token != sent_token
 
 

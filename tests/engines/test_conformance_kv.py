@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import queen_sync as qs
@@ -236,6 +236,69 @@ class TestRequiredInBatches:
         assert all(a["reason"] == "rolled_back" and a["failedIndex"] == k for a in others), (
             answers)
 
+
+
+# Required ops that lose to what the ops before them in their batch did, or to the store:
+# the stale ones always lose, the "must be absent" ones lose where the key is present.
+_LOSERS = st.sampled_from(["check stale", "put stale", "check absent", "putIfAbsent"])
+
+
+def _loser(q: qs.Queen, ns: str, kind: str, key: str) -> dict[str, Any]:
+    op = q.kv.op
+    if kind == "put stale":
+        return op.put(ns, key, "late", forever=True, expect=10**9, required=True)
+    if kind == "putIfAbsent":
+        return op.put_if_absent(ns, key, "late", forever=True, required=True)
+    return op.check(ns, key, expect=0 if kind == "check absent" else 10**9, required=True)
+
+
+class TestRolledBackAnswers:
+    """A rolled-back batch reports each key as the store holds it, never a row it undid."""
+
+    def test_a_check_losing_to_its_own_batch_reports_the_key_as_stored(
+            self, q: qs.Queen) -> None:
+        op = q.kv.op
+        answers = q.kv.batch([op.put("app", "k", "mine", forever=True),
+                              op.check("app", "k", expect=0, required=True)])
+        failed = answers[1]
+        assert not failed and failed["reason"] == "exists", answers
+        assert not q.kv.get("app", "k"), f"the batch was rolled back: {answers}"
+        assert (failed["version"], failed["value"]) == (0, None), (
+            f"the key is absent, yet the failed op reported the row its batch undid: {failed}")
+
+    def test_a_version_a_rolled_back_batch_reported_is_never_issued_again(
+            self, q: qs.Queen) -> None:
+        op = q.kv.op
+        answers = q.kv.batch([op.put("app", "k", "mine", forever=True),
+                              op.check("app", "k", expect=0, required=True)])
+        reported = answers[1]["version"]
+        other = q.kv.put("app", "k", "someone else's", forever=True)
+        assert other["version"] != reported, (
+            f"version {reported}, from the rolled-back batch {answers}, was issued again: "
+            f"{other}")
+        clobber = q.kv.put("app", "k", "clobber", forever=True, expect=reported)
+        assert not clobber, (f"a put expecting version {reported}, seen only in a rolled-back "
+                             f"answer, overwrote a value its caller never saw: {clobber}")
+
+    @settings(max_examples=30, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(seed=_OPS, before=_OPS, loser=_LOSERS, key=st.sampled_from(["k0", "k1"]))
+    def test_a_losing_required_op_reports_its_key_as_committed_whatever_came_before(
+        self, q: qs.Queen, seed: list[tuple[str, str, int]],
+        before: list[tuple[str, str, int]], loser: str, key: str,
+    ) -> None:
+        ns = f"undo{next(_NAMESPACES)}"
+        q.kv.batch([_write_op(q, ns, *spec) for spec in seed] or [q.kv.op.get(ns, "k0")])
+        stored = _store_of(q, ns)
+        ops = [_write_op(q, ns, *spec) for spec in before] + [_loser(q, ns, loser, key)]
+        answers = q.kv.batch(ops)
+        failed = answers[-1]
+        assume(not failed)  # a "must be absent" op on an absent key applies: nothing undone
+        assert _store_of(q, ns) == stored, f"the batch changed the store: {ops} -> {answers}"
+        row = q.kv.get(ns, key)
+        committed = (row["version"], row["value"]) if row else (0, None)
+        assert (failed["version"], failed["value"]) == committed, (
+            f"the failed op reported {failed}, the store holds {committed}: {ops}")
 
 class TestIncr:
     def test_incr_creates_then_adds(self, q: qs.Queen) -> None:

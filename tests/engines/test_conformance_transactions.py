@@ -6,7 +6,7 @@ import itertools
 from typing import Any, Callable, Mapping
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import queen_sync as qs
@@ -118,6 +118,64 @@ class TestBundles:
             q.engine.call("transaction", raw)
         assert not q.kv.get("out", "a"), "a refused bundle writes nothing"
 
+
+
+def _lose_on(txn: qs.Transaction, ns: str, kind: str, key: str) -> qs.Transaction:
+    """A required op on ``key`` that loses to what the bundle did before it, or to the store
+    (a "must be absent" op where the key is present; the stale ones always)."""
+    if kind == "put stale":
+        return txn.kv.put(ns, key, "late", forever=True, expect=10**9, required=True)
+    if kind == "putIfAbsent":
+        return txn.kv.put_if_absent(ns, key, "late", forever=True, required=True)
+    return txn.kv.check(ns, key, expect=0 if kind == "check absent" else 10**9, required=True)
+
+
+class TestRolledBackBundleAnswers:
+    """A rolled-back bundle reports the failed op's key as committed, never a row it undid."""
+
+    def test_a_check_losing_to_its_own_bundle_reports_the_key_as_stored(
+            self, q: qs.Queen) -> None:
+        answer = (q.transaction().kv.put("app", "k", "mine", forever=True)
+                  .kv.check("app", "k", expect=0, required=True).commit())
+        assert not answer and answer["kvReason"] == "exists", answer
+        assert not q.kv.get("app", "k"), f"the bundle was rolled back: {answer}"
+        assert (answer["version"], answer["value"]) == (0, None), (
+            f"the key is absent, yet the bundle reported the row it undid: {answer}")
+
+    def test_a_version_a_rolled_back_bundle_reported_is_never_issued_again(
+            self, q: qs.Queen) -> None:
+        answer = (q.transaction().kv.put("app", "k", "mine", forever=True)
+                  .kv.check("app", "k", expect=0, required=True).commit())
+        reported = answer["version"]
+        other = q.kv.put("app", "k", "someone else's", forever=True)
+        assert other["version"] != reported, (
+            f"version {reported}, from the rolled-back bundle {answer}, was issued again: "
+            f"{other}")
+        clobber = q.kv.put("app", "k", "clobber", forever=True, expect=reported)
+        assert not clobber, (f"a put expecting version {reported}, seen only in a rolled-back "
+                             f"answer, overwrote a value its caller never saw: {clobber}")
+
+    @settings(max_examples=30, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(seed=_WRITES, before=_WRITES, key=st.sampled_from(["k0", "k1"]),
+           kind=st.sampled_from(["check stale", "put stale", "check absent", "putIfAbsent"]))
+    def test_a_losing_required_op_reports_its_key_as_committed_whatever_came_before(
+        self, q: qs.Queen, seed: list[tuple[str, str]], before: list[tuple[str, str]],
+        key: str, kind: str,
+    ) -> None:
+        ns = f"undo{next(_NAMESPACES)}"
+        for spec in seed:
+            _add_write(q.transaction(), ns, *spec).commit()
+        txn = q.transaction()
+        for spec in before:
+            _add_write(txn, ns, *spec)
+        answer = _lose_on(txn, ns, kind, key).commit()
+        assume(not answer)  # a "must be absent" op on an absent key applies: nothing undone
+        assert answer["failedIndex"] == len(before), answer
+        row = q.kv.get(ns, key)
+        committed = (row["version"], row["value"]) if row else (0, None)
+        assert (answer["version"], answer["value"]) == committed, (
+            f"the bundle reported {answer}, the store holds {committed}: {kind} after {before}")
 
 class TestReadsInBundles:
     def test_a_read_answers_the_value_as_of_its_step_in_the_bundle(self, q: qs.Queen) -> None:

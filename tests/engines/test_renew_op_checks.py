@@ -98,7 +98,7 @@ class TestTheQuickRenewCheckAgreesWithTheFullCheck:
             self, op: dict[str, Any]) -> None:
         quick = _outcome(op)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ops_module, "_known_good_renew", lambda op: False)
+            patch.setattr(ops_module, "_known_good", lambda op: False)
             full = _outcome(op)
         assert quick == full, f"{op}: the quick path answered {quick}, the full check {full}"
 

@@ -61,12 +61,14 @@ class Reference:
         self.counter = 0
         self.now = 0
         self.rolled_back = False  # whether the last call was undone (its versions are void)
+        self.committed: dict[tuple[str, str], Entry] = {}
 
     # ---- one call, one atomic step -----------------------------------------------------
 
     def call(self, route: str, body: Mapping[str, Any], now_ms: int) -> Answer:
         self.now, self.rolled_back = now_ms, False
         saved = (dict(self.entries), self.counter)
+        self.committed = saved[0]  # what a rolled-back call reports its failed key as
         try:
             if route == "locks":
                 return {"results": [self._lock_op(op) for op in body["operations"]]}
@@ -310,6 +312,7 @@ class Reference:
         for index, op in enumerate(ops):
             result = {"index": index, **self._kv_op(op)}
             if op.get("required") and not result["applied"]:
+                result = self._as_committed(op, result)
                 raise _Rollback({"results": [
                     {**result, "failedIndex": index} if i == index else
                     {"index": i, "applied": False, "reason": "rolled_back", "failedIndex": index}
@@ -317,11 +320,20 @@ class Reference:
             results.append(result)
         return {"results": results}
 
+    def _as_committed(self, op: Op, lost: Answer) -> Answer:
+        """A lost required op's answer with its key's version and value as committed."""
+        entry = self.committed.get((op["ns"], op["key"]))
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= self.now:
+            entry = None
+        return {**lost, "version": entry.version if entry else 0,
+                "value": entry.value if entry else None}
+
     def _transaction(self, ops: Sequence[Op]) -> Answer:
         results = []
         for index, op in enumerate(ops):
             result = self._kv_op(op)
             if op.get("required") and not result["applied"]:
+                result = self._as_committed(op, result)
                 raise _Rollback({
                     "success": False, "reason": "kv_precondition", "failedIndex": index,
                     "kvReason": result.get("reason"), "version": result.get("version", 0),
