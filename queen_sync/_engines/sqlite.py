@@ -690,9 +690,11 @@ class SqliteStorage:
                     release_anchor(anchor)
 
     def close(self) -> None:
-        with self._mutex:  # leaving _LIVE under the mutex: a fork closes it, or finds it closed
-            _LIVE.discard(self)
+        # Closed before it leaves _LIVE, both under the mutex: a fork meanwhile waits for the
+        # mutex, so it never carries this connection, half closed, into the child.
+        with self._mutex:
             self._disconnect()
+            _LIVE.discard(self)
         if self.wake is not None:
             self.wake.close()
 

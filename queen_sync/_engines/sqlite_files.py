@@ -295,7 +295,11 @@ def refuse_moved_files(real: str, key: FileKey, claimed: SideFiles) -> None:
     """Raise ``UnsupportedOperationError`` unless the database ``real`` is still the file
     ``key`` and its claimed side files are still those ``claim_side_files`` found.
 
-    A ``-journal`` may be gone: SQLite deletes its own after switching a file to WAL.
+    A ``-journal`` may be gone, and any side file may be another of this user's alone:
+    SQLite deletes the ``-journal`` as it switches a file to WAL, and the ``-wal`` and
+    ``-shm`` as a neighbour process closes a store not yet anchored (one not in WAL mode
+    when this client began), and a neighbour then claims new ones. Nobody else can make a
+    file that is this user's, so such a one is as safe as the first.
     """
     info = os.stat(real)
     if (info.st_dev, info.st_ino) != key:
@@ -309,4 +313,15 @@ def refuse_moved_files(real: str, key: FileKey, claimed: SideFiles) -> None:
             raise _refused(f"{name} was deleted while this client opened the store, "
                            "and SQLite may have read another in its place") from None
         if (info.st_dev, info.st_ino) != identity:
+            if _alone_ours(name, info):
+                continue
             raise _refused(f"{name} was replaced while this client opened the store")
+
+
+def _alone_ours(name: str, info: os.stat_result) -> bool:
+    """Whether ``info`` is a plain file of this user's alone (one name, private mode)."""
+    try:
+        _refuse_unsafe_info(name, info, os.geteuid(), follow=False)
+    except UnsupportedOperationError:
+        return False
+    return info.st_nlink == 1

@@ -314,6 +314,18 @@ def _tell_exit(lock: Lock, reason: str) -> None:
             handler.flush()
 
 
+def _blocks_sigint(native_id: Optional[int]) -> bool:
+    """Whether the thread ``native_id`` blocks SIGINT (read where Linux tells; else False)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("SigBlk:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 class _Interrupter:
     """While the body runs in the main thread, a lost lease interrupts it.
 
@@ -395,11 +407,13 @@ class _Interrupter:
             if not self._active:
                 return
             self._pending = True
-            if hasattr(signal, "pthread_kill"):
-                ident = threading.main_thread().ident
-                assert ident is not None
-                signal.pthread_kill(ident, signal.SIGINT)
-            else:  # pragma: no cover - platforms without pthread_kill
+            main = threading.main_thread()
+            if hasattr(signal, "pthread_kill") and not _blocks_sigint(main.native_id):
+                assert main.ident is not None
+                signal.pthread_kill(main.ident, signal.SIGINT)  # also cuts a blocking call short
+            else:
+                # A signal the thread blocks would wait in the kernel and land after the job:
+                # this one runs the handler at the thread's next bytecode and leaves nothing.
                 import _thread
 
                 _thread.interrupt_main()

@@ -363,3 +363,44 @@ class TestLostLeasesUnderARealRenewer:
             f"exit {child.returncode}; rounds that did not end in LockLostError with the "
             f"body's lock free: {wrong}; stderr: {err[-800:]}")
 
+
+
+class TestAJobLosingItsLeaseWithSigintBlocked:
+    """A section that must not be cut short by a signal, or a program reading signals with
+    sigwait: the loss still interrupts the job, and nothing of it reaches the program after."""
+
+    def test_raises_lock_lost_error_and_no_keyboard_interrupt_after_the_job(
+            self, mq: qs.Queen, other: qs.Queen, clock: ManualClock,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_singleton, "LANDING_SECONDS", 0.05)
+
+        @qs.singleton_job("job", ttl="30s", client=mq)
+        def job() -> str:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            lock = qs.current_lock()
+            assert lock is not None and lock.token is not None, "setup: no lease held"
+            assert other.locks.release(lock.name, token=lock.token), "setup: release failed"
+            clock.advance(lock.renew_every + 0.1)
+            mq.renewer.tick()
+            assert lock.lost.is_set(), "setup: the renewer did not see the loss"
+            for _ in range(200):  # the interrupt lands here, at a bytecode
+                time.sleep(0.001)
+            return "finished"
+
+        ended: list[str] = []
+        pending = False
+        try:
+            try:
+                ended.append(f"returned {job()!r}")
+            except qs.LockLostError:
+                ended.append("LockLostError")
+            pending = signal.SIGINT in signal.sigpending()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            time.sleep(0.05)  # a pending SIGINT lands by the end of this
+        except KeyboardInterrupt:
+            ended.append("KeyboardInterrupt after the job")
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        assert ended == ["LockLostError"], (
+            f"the job ended as {ended} (SIGINT pending at its end: {pending}): the loss's "
+            "interrupt, sent while SIGINT was blocked, reached the program after the job")
