@@ -16,30 +16,18 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlite_trace import statements_sent
 
 from queen_sync import EngineError
 from queen_sync._engines import sqlite as _sqlite
 from queen_sync._engines.sqlite import SqliteEngine
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _trace(engine: SqliteEngine, send: Callable[[], Any]) -> list[str]:
-    """The statements ``send`` made SQLite run, with their parameters filled in."""
-    sent: list[str] = []
-    conn = engine.storage._conn
-    assert conn is not None, "the engine connects when it opens"
-    conn.set_trace_callback(sent.append)
-    try:
-        send()
-    finally:
-        conn.set_trace_callback(None)
-    return sent
 
 
 def _acquire_all(engine: SqliteEngine, names: list[str]) -> list[int]:
@@ -68,7 +56,8 @@ class TestAStepDrawsItsVersionsWithOneCounterReadAndOneWrite:
     ) -> None:
         names = [f"lease-{i:04d}" for i in range(size)]
         tokens = _acquire_all(engine, names)
-        sent = _trace(engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
+        sent = statements_sent(
+            engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
         counter = [s for s in sent if "queen_meta" in s]
         assert len(counter) == 2, (
             f"a body of {size} renews sent {len(counter)} statements on the version counter "
@@ -77,14 +66,14 @@ class TestAStepDrawsItsVersionsWithOneCounterReadAndOneWrite:
     def test_a_batch_of_puts_sends_two_counter_statements(self, engine: SqliteEngine) -> None:
         puts = [{"op": "put", "ns": "app", "key": f"k{i}", "value": i, "forever": True}
                 for i in range(30)]
-        sent = _trace(engine, lambda: engine.call("kv", {"operations": puts}))
+        sent = statements_sent(engine, lambda: engine.call("kv", {"operations": puts}))
         counter = [s for s in sent if "queen_meta" in s]
         assert len(counter) == 2, f"30 puts sent {len(counter)} counter statements: {counter[:3]}"
 
     @pytest.mark.skipif(sqlite3.sqlite_version_info < (3, 35, 0),
                         reason="SQLite before 3.35 has no UPDATE ... RETURNING")
     def test_a_lone_acquire_still_draws_with_one_statement(self, engine: SqliteEngine) -> None:
-        sent = _trace(engine, lambda: _acquire_all(engine, ["solo"]))
+        sent = statements_sent(engine, lambda: _acquire_all(engine, ["solo"]))
         counter = [s for s in sent if "queen_meta" in s]
         assert len(counter) == 1, f"one acquire sent {len(counter)} counter statements: {counter}"
 
@@ -131,7 +120,8 @@ class TestABatchReadsTheSlotsItNamesInAFewStatements:
     ) -> None:
         names = [f"lease-{i:04d}" for i in range(size)]
         tokens = _acquire_all(engine, names)
-        sent = _trace(engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
+        sent = statements_sent(
+            engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
         reads = [s for s in sent if s.upper().startswith("SELECT")]
         assert len(reads) == -(-size // 500), (
             f"a body of {size} renews sent {len(reads)} reads (first: {reads[:2]})")
@@ -143,7 +133,7 @@ class TestABatchReadsTheSlotsItNamesInAFewStatements:
         tokens = _acquire_all(engine, names)
         ops = [{"op": "release", "name": n, "token": t, "slot": 0} for n, t in zip(names, tokens)]
         results: list[dict[str, Any]] = []
-        sent = _trace(engine, lambda: results.extend(
+        sent = statements_sent(engine, lambda: results.extend(
             engine.call("locks", {"operations": ops})["results"]))
         assert all(r["released"] for r in results), results
         reads = [s for s in sent if s.upper().startswith("SELECT")]
@@ -166,7 +156,8 @@ class TestARenewRewritesOnlyWhatItChanges:
     def test_a_renew_sends_no_value_text_and_inserts_nothing(self, engine: SqliteEngine) -> None:
         names = ["job", "pool"]
         tokens = _acquire_all(engine, names)
-        sent = _trace(engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
+        sent = statements_sent(
+            engine, lambda: engine.call("locks", {"operations": _renews(names, tokens)}))
         carrying = [s for s in sent if "owner-job" in s or "owner-pool" in s]
         assert carrying == [], f"renews re-sent the permits' stored values: {carrying}"
         assert not [s for s in sent if s.upper().startswith("INSERT")], sent

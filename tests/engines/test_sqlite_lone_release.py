@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator
 
 import pytest
+from sqlite_trace import statements_sent
 
 import queen_sync as qs
 from queen_sync._engines import sqlite as _sqlite
@@ -27,20 +28,6 @@ def engine(tmp_path: Path) -> Iterator[SqliteEngine]:
     opened = SqliteEngine(str(tmp_path / "release.db"))
     yield opened
     opened.close()
-
-
-def _trace(engine: SqliteEngine, send: Callable[[], Any],
-           sent: Optional[list[str]] = None) -> list[str]:
-    """The statements ``send`` ran, noted in ``sent`` too (kept when ``send`` raises)."""
-    sent = [] if sent is None else sent
-    conn = engine.storage._conn
-    assert conn is not None, "the engine connects when it opens"
-    conn.set_trace_callback(sent.append)
-    try:
-        send()
-    finally:
-        conn.set_trace_callback(None)
-    return sent
 
 
 def _acquire(engine: SqliteEngine, name: str = "job") -> int:
@@ -62,7 +49,7 @@ class TestALoneReleaseIsOneStatement:
     ) -> None:
         token = _acquire(engine)
         answers: list[dict[str, Any]] = []
-        sent = _trace(engine, lambda: answers.append(_release(engine, token)))
+        sent = statements_sent(engine, lambda: answers.append(_release(engine, token)))
         assert answers == [{"released": True}], answers
         assert [s.split()[0].upper() for s in sent] == ["DELETE"], (
             f"a lone release sent {sent}; its one DELETE commits by itself")
@@ -128,7 +115,7 @@ class TestAReleaseIntoAReplacedFileIsRefused:
             os.rename(other, path)
         sent: list[str] = []
         with pytest.raises(qs.StoreReplacedError, match=how):
-            _trace(engine, lambda: _release(engine, token), sent)
+            statements_sent(engine, lambda: _release(engine, token), sent)
         assert not [s for s in sent if s.upper().startswith("DELETE")], (
             f"the release ran on a {how} store: {sent}")
 
