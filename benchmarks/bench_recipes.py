@@ -178,7 +178,8 @@ async def _pgqueuer_drain(url: str, done: Any, go: Any) -> None:
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
     qm = QueueManager(Queries(PsycopgDriver(conn)))
 
-    @qm.entrypoint("job")
+    # Untyped where pgqueuer is not installed (it is a peer only this benchmark needs).
+    @qm.entrypoint("job")  # type: ignore[untyped-decorator, unused-ignore]
     async def job(_: Any) -> None:
         with done.get_lock():
             done.value += 1

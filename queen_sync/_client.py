@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-from types import FrameType
+from _thread import LockType
 from typing import (
     Any,
     Callable,
-    ContextManager,
     Mapping,
     Optional,
     Sequence,
@@ -172,7 +170,6 @@ class Queen:
         self._closed = False
         self._closing = False  # set first by close(): from then on nothing new is acquired
         self._new_acquire_count()
-        self._in_flight = _AcquireInFlight(self)  # it keeps no state of its own: one serves all
         self.metrics = Metrics()
         self._caller = _HandleCaller(self)
         self.renewer = Renewer(self._caller)
@@ -311,48 +308,65 @@ class Queen:
         return QueenError(f"this Queen client ({self.url}) is closed")
 
     def _new_acquire_count(self) -> None:
-        # Acquires in flight, by the frame of their attempt and its thread. Each step is one
-        # dict operation, which a KeyboardInterrupt cannot split and no lock guards: an
-        # interrupt can only leave an entry whose frame is gone, which close() sees as landed.
-        self._flights: dict[FrameType, int] = {}
-        self._prune_flights_at = _FLIGHTS_KEPT  # past this many entries, forget the dead ones
-        self._landed = threading.Event()  # set when the last one lands while closing
+        # Acquires in flight: each attempt holds a lock of its own while it runs, listed here
+        # with its thread. Its ``with`` frees that lock and its ``finally`` unlists it, so an
+        # interrupt cutting off one leaves the other: an entry counts only while both stand.
+        # No other thread's frames are read: CPython 3.11 can crash walking them.
+        self._flights: dict[LockType, int] = {}
+        self._prune_flights_at = _FLIGHTS_KEPT  # past this many entries, forget the landed ones
+        self._landed = threading.Event()  # set when one lands while closing
         self._close_claim = threading.Lock()  # taken once, never released: one close() runs
 
-    def _prune_flights(self) -> None:
-        """Forget the acquires whose attempt no longer runs (an interrupt cut off their exit).
+    def _take_off(self, flight: LockType) -> None:
+        """List ``flight``, held by an attempt starting now; refused once the client closes."""
+        flights = self._flights
+        flights[flight] = threading.get_ident()
+        if len(flights) > self._prune_flights_at:
+            self._prune_flights()
+        # Listed before the check: close() sets _closing before it looks (GIL order).
+        if self._closing:
+            flights.pop(flight, None)
+            raise self._closed_error()
 
-        The entries are read before the stacks: an attempt that was running when listed is
-        then on its thread's stack, and is kept. Run once the table has doubled since the
-        last time, so its cost is spread over that many acquires.
+    def _land(self, flight: LockType) -> None:
+        """Unlist ``flight``, whose attempt has ended."""
+        self._flights.pop(flight, None)
+        if self._closing:
+            self._landed.set()
+
+    def _prune_flights(self) -> None:
+        """Forget the entries whose lock is free (an interrupt cut off their unlisting).
+
+        Run once the table has doubled since the last time, so its cost is spread over that
+        many acquires.
         """
         flights = self._flights
-        listed = list(flights)
-        running = _frames_on_stacks()
-        for frame in listed:
-            if frame not in running:
-                flights.pop(frame, None)
+        for flight in list(flights):
+            if not flight.locked():
+                flights.pop(flight, None)
         self._prune_flights_at = max(_FLIGHTS_KEPT, 2 * len(flights))
 
     @property
     def _acquires(self) -> int:
-        """How many acquires are still in flight (their attempt is still running)."""
-        return sum(1 for frame, thread in list(self._flights.items())
-                   if _still_running(frame, thread))
+        """How many acquires are still in flight on other threads (this one is closing)."""
+        own = threading.get_ident()
+        return sum(1 for flight, thread in list(self._flights.items())
+                   if thread != own and flight.locked())
 
     def _wait_for_acquires(self, timeout: float) -> None:
         # Polled too: a wake-up can be cut off by an interrupt in the acquire's exit.
         deadline = time.monotonic() + timeout
-        while self._acquires:
+        while True:
+            self._landed.clear()  # before counting: a landing after the count ends the wait
+            in_flight = self._acquires
+            if not in_flight:
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 log.warning("closing with %d acquire(s) still in flight; what they take "
-                            "expires by itself", self._acquires)
+                            "expires by itself", in_flight)
                 return
             self._landed.wait(min(left, 0.05))
-
-    def _acquiring(self) -> ContextManager[None]:
-        return self._in_flight
 
     # ---- loss handlers, off the renewer thread -------------------------------------------
 
@@ -417,60 +431,6 @@ class Queen:
         return f"<Queen {self._engine.kind} {self.url} {state}>"
 
 
-class _AcquireInFlight:
-    """Counts one acquire in flight on ``client`` while the block runs (``close()`` waits).
-
-    A class, not a generator: it is on every acquire's path, where a generator-based
-    context manager costs more than the counting.
-    """
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client: Queen) -> None:
-        self._client = client
-
-    def __enter__(self) -> None:
-        client = self._client
-        flights = client._flights
-        attempt = sys._getframe(1)
-        flights[attempt] = threading.get_ident()
-        if len(flights) > client._prune_flights_at:
-            client._prune_flights()
-        # Registered before the check: close() sets _closing before it looks (GIL order).
-        if client._closing:
-            flights.pop(attempt, None)
-            raise client._closed_error()
-
-    def __exit__(self, *exc_info: object) -> None:
-        client = self._client
-        client._flights.pop(sys._getframe(1), None)
-        if client._closing:
-            client._landed.set()
-
-
-def _frames_on_stacks() -> set[FrameType]:
-    """Every frame running now, on any thread of this process."""
-    frames: set[FrameType] = set()
-    for top in sys._current_frames().values():
-        frame: Optional[FrameType] = top
-        while frame is not None:
-            frames.add(frame)
-            frame = frame.f_back
-    return frames
-
-
-def _still_running(frame: FrameType, thread: int) -> bool:
-    """Whether ``frame`` is on ``thread``'s stack now (an interrupt may have unwound it)."""
-    if thread == threading.get_ident():
-        return False  # this thread is closing, so its own attempt is not running
-    current = sys._current_frames().get(thread)
-    while current is not None:
-        if current is frame:
-            return True
-        current = current.f_back
-    return False
-
-
 class _HandleCaller:
     """The client as its handles see it (the ``Caller`` protocol), and no more of it."""
 
@@ -501,8 +461,11 @@ class _HandleCaller:
     def engine(self) -> Engine:
         return self._client._engine
 
-    def acquiring(self) -> ContextManager[None]:
-        return self._client._in_flight  # as ``_acquiring()``, a call less on every acquire
+    def take_off(self, flight: LockType) -> None:
+        self._client._take_off(flight)
+
+    def land(self, flight: LockType) -> None:
+        self._client._land(flight)
 
     def call_locks(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # Checked as ``_call_locks`` does, not copied into ``Result``s: handles read them only.

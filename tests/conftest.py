@@ -9,6 +9,12 @@ import pytest
 from engine_factories import ENGINE_FACTORIES
 from manual_clock import ManualClock
 from pg_server import pg_server, pg_url  # noqa: F401  (session fixtures for the postgres engine)
+from stall_guard import (  # noqa: F401  (the run's hooks that feed the stall guard)
+    pytest_runtest_logfinish,
+    pytest_runtest_logstart,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
 
 import queen_sync as qs
 from queen_sync.testing import FakeBroker, FaultyEngine, LocalBroker

@@ -7,7 +7,8 @@ a test can hand them any object that keeps these promises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol
+from _thread import LockType
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 if TYPE_CHECKING:
     from .._clock import Clock
@@ -47,12 +48,15 @@ class Caller(Protocol):
     def engine(self) -> Engine:
         """For what only the engine knows: capabilities, wake-ups on release, fencing."""
 
-    def acquiring(self) -> ContextManager[None]:
-        """Count an acquire in flight until it has landed (and its lease is registered).
+    def take_off(self, flight: LockType) -> None:
+        """List an acquire in flight by ``flight``, a lock its attempt holds while it runs.
 
         Raises the "closed" ``QueenError`` once the client is closing, so that ``close()``
         can wait for the acquires in flight and then release everything they took.
         """
+
+    def land(self, flight: LockType) -> None:
+        """Unlist ``flight``: its attempt has ended (and its lease, if any, is registered)."""
 
     def call_locks(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The answers to ``ops``, one object per op, for the handle to read (never to hand

@@ -17,6 +17,7 @@ import os
 import random
 import threading
 import time
+from _thread import allocate_lock
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
 from typing_extensions import ParamSpec
@@ -375,9 +376,17 @@ class Lock:
 
     def _attempt(self, started: float, cell: Optional[int]) -> bool:
         """One try at the permit; ``cell`` is the IPython cell asking (None outside IPython)."""
-        # Counted as in flight, so that a client closing meanwhile waits for it to land.
-        with self._client.acquiring():
-            return self._attempt_in_flight(started, cell)
+        # Counted as in flight while its lock is held, so that a client closing meanwhile
+        # waits for it to land. The ``with`` frees the lock and the ``finally`` unlists it:
+        # an interrupt at any bytecode leaves at least one of them done.
+        client = self._client
+        flight = allocate_lock()
+        try:
+            with flight:
+                client.take_off(flight)
+                return self._attempt_in_flight(started, cell)
+        finally:
+            client.land(flight)
 
     def _attempt_in_flight(self, started: float, cell: Optional[int]) -> bool:
         ttl = self._ttl

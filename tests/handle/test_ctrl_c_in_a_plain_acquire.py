@@ -26,10 +26,13 @@ from queen_sync._handle import lock as lock_module
 
 Tracer = Callable[[FrameType, str, Any], Any]
 
-# The acquire path's bookkeeping: the in-flight count, and the ``with`` that enters it.
+# The acquire path's bookkeeping: listing and unlisting the attempt, and the ``with`` and
+# ``finally`` around it.
 BOOKKEEPING: frozenset[CodeType] = frozenset({
-    _client._AcquireInFlight.__enter__.__code__,
-    _client._AcquireInFlight.__exit__.__code__,
+    _client.Queen._take_off.__code__,
+    _client.Queen._land.__code__,
+    _client._HandleCaller.take_off.__code__,
+    _client._HandleCaller.land.__code__,
     lock_module.Lock._attempt.__code__,
 })
 MAX_POINTS = 2_000  # a round longer than this never ends: fail rather than spin

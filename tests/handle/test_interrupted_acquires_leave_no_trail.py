@@ -1,10 +1,10 @@
 """Acquires cut short by a caught Ctrl-C leave no trail on their client, however many.
 
-Each plain acquire is counted in flight by its attempt's frame, so that ``close()`` waits
-for it. A KeyboardInterrupt can land where the count's exit never runs; the entry then
-names a frame that no longer runs. Such entries are forgotten before they pile up: a
-notebook whose user presses Ctrl-C a thousand times must not keep a thousand frames (and
-every handle they refer to) alive, while an acquire still running is never forgotten.
+Each plain acquire is listed in flight with a lock its attempt holds, so that ``close()``
+waits for it. A KeyboardInterrupt can land where the unlisting never runs; the entry then
+names a lock that is free. Such entries are forgotten before they pile up: a notebook whose
+user presses Ctrl-C a thousand times must not keep a thousand entries, while an acquire
+still running is never forgotten.
 """
 
 from __future__ import annotations
@@ -46,9 +46,12 @@ class TestAcquiresCutShortByCtrlC:
             inside, leave = threading.Event(), threading.Event()
 
             def parked() -> None:  # an attempt held in flight, as a slow engine would
-                with q._acquiring():
+                flight = threading.Lock()
+                with flight:
+                    q._take_off(flight)
                     inside.set()
                     leave.wait(30)
+                q._land(flight)
 
             worker = threading.Thread(target=parked, daemon=True)
             worker.start()
