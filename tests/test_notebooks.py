@@ -139,6 +139,8 @@ def test_the_notebook_runs_top_to_bottom_within_a_minute_as_stored(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    # As on a fresh machine: matplotlib builds its font cache first, and logs that it did.
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
     original, notebook = read_notebook(path), read_notebook(path)
     client = NotebookClient(notebook, timeout=int(BUDGET), kernel_name="python3",
                             record_timing=False, resources={"metadata": {"path": str(tmp_path)}})
