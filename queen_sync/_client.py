@@ -315,7 +315,9 @@ class Queen:
         self._flights: dict[LockType, int] = {}
         self._prune_flights_at = _FLIGHTS_KEPT  # past this many entries, forget the landed ones
         self._landed = threading.Event()  # set when one lands while closing
-        self._close_claim = threading.Lock()  # taken once, never released: one close() runs
+        self._close_claim = threading.Lock()  # held by the one close() running
+        self._closer: Optional[int] = None  # the thread of that close()
+        self._given_back = threading.Event()  # set once a close() has given the leases back
 
     def _take_off(self, flight: LockType) -> None:
         """List ``flight``, held by an attempt starting now; refused once the client closes."""
@@ -392,23 +394,46 @@ class Queen:
         those permits expire by themselves within their TTL. Then ``on_lost`` handlers
         still queued or running get what is left of ``timeout`` to end (not when called
         from one of them); those that do not are told in one warning and left running.
+
+        An acquire still in flight that is granted after this began gives its permit back
+        and raises the "closed" ``QueenError``. A close() called while another runs returns
+        once that one has given the leases back (within its own ``timeout``); one cut
+        short by an interrupt is run again by the next.
         """
         started = time.monotonic()
-        if not self._close_claim.acquire(blocking=False):
-            return
+        me = threading.get_ident()
+        while not self._close_claim.acquire(timeout=0.05):
+            # Another close() runs: its give-back is this call's too, so wait for it (within
+            # this call's budget), unless it is this thread's own, cut into by a handler.
+            if self._closer == me or self._given_back.is_set() \
+                    or time.monotonic() - started > timeout:
+                return
+        try:
+            if not self._closed:
+                self._closer = me
+                self._close_once(started, timeout)
+        finally:
+            # Released also when interrupted: a later close() (at exit, say) runs it again.
+            self._closer = None
+            self._close_claim.release()
+
+    def _close_once(self, started: float, timeout: float) -> None:
         self._closing = True  # first: an acquire from now on is refused, none is missed
-        # An acquire in flight may be granted: wait for it to register, to release it too.
-        self._wait_for_acquires(timeout)
+        deadline = started + timeout
         held = self.renewer.held()
         self.renewer.stop()
         if held or self.renewer.watching_strays:
             # Batches stop starting at the deadline; the one in flight then is cut loose.
-            tally, deadline = GiveBack(len(held)), started + timeout
+            tally = GiveBack(len(held))
             _bounded(lambda: self.renewer.give_back(held, tally, deadline),
                      max(0.0, deadline - time.monotonic()))
             if tally.left:
                 log.warning("%s", tally.summary(f"closing {self.url} within {timeout:g}s"))
-        self._drain_loss_handlers(started + timeout)
+        self._given_back.set()
+        # An acquire landing from now on gives its permit back itself, through the engine,
+        # which stays open for that until they land or the budget is spent.
+        self._wait_for_acquires(max(0.0, deadline - time.monotonic()))
+        self._drain_loss_handlers(deadline)
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
@@ -460,6 +485,13 @@ class _HandleCaller:
     @property
     def engine(self) -> Engine:
         return self._client._engine
+
+    @property
+    def closing(self) -> bool:
+        return self._client._closing
+
+    def closed_error(self) -> QueenError:
+        return self._client._closed_error()
 
     def take_off(self, flight: LockType) -> None:
         self._client._take_off(flight)

@@ -86,6 +86,9 @@ INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
 _SCHEMA_OBJECTS = ("queen_kv", "queen_kv_expiry", "queen_meta")
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 512
+# Seconds close() waits for a call in flight to free the connection before it leaves the
+# closing to a thread of its own: the client's budget may be spent already.
+_CLOSE_WAIT = 0.2
 _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)  # UPDATE ... RETURNING, one statement
 _T = TypeVar("_T")
 # Made once: ``json.dumps`` with separators builds a new encoder at every call.
@@ -692,11 +695,27 @@ class SqliteStorage:
     def close(self) -> None:
         # Closed before it leaves _LIVE, both under the mutex: a fork meanwhile waits for the
         # mutex, so it never carries this connection, half closed, into the child.
-        with self._mutex:
-            self._disconnect()
-            _LIVE.discard(self)
+        if self._mutex.acquire(timeout=_CLOSE_WAIT):
+            try:
+                self._close_connection()
+            finally:
+                self._mutex.release()
+        else:
+            # A call holds it: waiting out another process's write (SQLite's busy wait), or
+            # this very thread's, cut into by a signal handler. Closed once that call ends.
+            threading.Thread(target=self._close_when_free, name="queen_sync-sqlite-close",
+                             daemon=True).start()
         if self.wake is not None:
             self.wake.close()
+
+    def _close_when_free(self) -> None:
+        with self._mutex:
+            self._close_connection()
+
+    def _close_connection(self) -> None:
+        """Close the connection for good (the caller holds the mutex)."""
+        self._disconnect()
+        _LIVE.discard(self)
 
 
 def _anchored(path: str) -> FileKey:

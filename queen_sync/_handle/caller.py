@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 if TYPE_CHECKING:
     from .._clock import Clock
     from .._engines.base import Engine
+    from .._errors import QueenError
     from .._metrics import Metrics
     from .._results import Result
     from .renewer import Renewer
@@ -47,6 +48,13 @@ class Caller(Protocol):
     @property
     def engine(self) -> Engine:
         """For what only the engine knows: capabilities, wake-ups on release, fencing."""
+
+    @property
+    def closing(self) -> bool:
+        """Whether ``close()`` has begun: from then on no acquire may report a lease."""
+
+    def closed_error(self) -> QueenError:
+        """The "closed" error an acquire on a closing client raises."""
 
     def take_off(self, flight: LockType) -> None:
         """List an acquire in flight by ``flight``, a lock its attempt holds while it runs.

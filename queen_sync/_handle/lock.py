@@ -384,7 +384,13 @@ class Lock:
         try:
             with flight:
                 client.take_off(flight)
-                return self._attempt_in_flight(started, cell)
+                granted = self._attempt_in_flight(started, cell)
+                if granted and client.closing:
+                    # Its renewer is stopped, and close() may have given back already:
+                    # reporting the lease would leave it to expire under its holder.
+                    self._give_back_on_close()
+                    raise client.closed_error()
+                return granted
         finally:
             client.land(flight)
 
@@ -477,6 +483,14 @@ class Lock:
         self._holders = ()
         self._taken_in, self._cell = threading.get_ident(), cell
         self._client.metrics.acquired(time.monotonic() - started)
+
+    def _give_back_on_close(self) -> None:
+        """Release a permit granted once the client had begun to close (best effort)."""
+        try:
+            self.release()
+        except Exception:
+            log.warning("could not give back lock %r, granted as its client closed; it "
+                        "expires by itself", self.name, exc_info=True)
 
     def _abandon(self) -> None:
         """Give back whatever the engine granted this owner while the caller was interrupted."""

@@ -124,9 +124,15 @@ class Renewer:
         with self._mutex:
             self._locks[id(lock)] = lock
             if self._thread is None and not self._stopping and self._client.renew_thread:
-                self._thread = threading.Thread(target=self._loop, name="queen_sync-renewer",
-                                                daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name="queen_sync-renewer",
+                                          daemon=True)
+                self._thread = thread
+                try:
+                    thread.start()
+                except BaseException:
+                    if thread.ident is None:  # never started (a Ctrl-C in start()): the next
+                        self._thread = None  # lease starts one; else this one runs
+                    raise
             planned = self._planned
         # Wake the thread only when this lease needs it before it means to look anyway.
         if planned <= 0.0 or lock.renew_due < planned or lock.deadline < planned:

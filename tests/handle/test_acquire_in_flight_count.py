@@ -30,7 +30,15 @@ class TestCloseWaitingOnAnAcquireInFlight:
         engine.hook_next(None, hook=hold, op="acquire", applied=True)
         q = qs.Queen(engine=engine)
         lock = q.lock("job", ttl=60)
-        taking = threading.Thread(target=lock.acquire)
+        outcome: list[object] = []
+
+        def take() -> None:
+            try:
+                outcome.append(lock.acquire())
+            except qs.QueenError as exc:
+                outcome.append(exc)
+
+        taking = threading.Thread(target=take)
         taking.start()
         assert granted.wait(5), "setup: the acquire did not reach the engine"
         closing = threading.Thread(target=lambda: q.close(timeout=60))
@@ -41,6 +49,8 @@ class TestCloseWaitingOnAnAcquireInFlight:
         taking.join(5)
         closing.join(10)  # far below the 60 s it would wait if nobody woke it
         assert not closing.is_alive(), "close() was not woken when the acquire landed"
+        assert isinstance(outcome[0], qs.QueenError), (
+            f"an acquire granted as its client closed reported {outcome[0]!r}, not 'closed'")
         with qs.Queen(sqlite_url) as observer:
             assert not observer.locks.get("job"), "close left the in-flight acquire's permit"
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -175,7 +176,15 @@ class TestCloseRace:
     def test_close_releases_a_lease_whose_acquire_was_in_flight(self, sqlite_url: str) -> None:
         q, granted, release = gated_client(sqlite_url)
         lock = q.lock("job", ttl=60)
-        taking = threading.Thread(target=lambda: lock.acquire())
+        outcome: list[object] = []
+
+        def take() -> None:
+            try:
+                outcome.append(lock.acquire())
+            except qs.QueenError as exc:
+                outcome.append(exc)
+
+        taking = threading.Thread(target=take)
         taking.start()
         assert granted.wait(5), "setup: the acquire did not reach the engine"
         closing = threading.Thread(target=q.close)
@@ -187,11 +196,13 @@ class TestCloseRace:
         with qs.Queen(sqlite_url) as observer:
             assert owners(observer, "job") == [], "close left an in-flight acquire's permit held"
         assert not lock.held, f"the handle still believes it holds: {lock!r}"
+        assert outcome and isinstance(outcome[0], qs.QueenError), (
+            f"an acquire granted as its client closed reported {outcome!r}, not 'closed'")
 
     def test_a_closing_client_refuses_new_acquires(self, sqlite_url: str) -> None:
         q, granted, release = gated_client(sqlite_url)
         first, second = q.lock("a", ttl=60), q.lock("b", ttl=60)
-        taking = threading.Thread(target=lambda: first.acquire())
+        taking = threading.Thread(target=lambda: _refused_or(first.acquire))
         taking.start()
         assert granted.wait(5)
         closing = threading.Thread(target=q.close)
@@ -223,6 +234,12 @@ class TestCloseRace:
             leaks += [name for name in names if probe.locks.get(name)["held"]]
         probe.close()
         assert not leaks, f"permits held after close() returned: {leaks[:5]}"
+
+
+def _refused_or(acquire: Callable[[], bool]) -> None:
+    """Run ``acquire`` on a client that may close meanwhile (which refuses it)."""
+    with contextlib.suppress(qs.QueenError):
+        acquire()
 
 
 def enter_until_closed(q: qs.Queen, prefix: str, names: list[str]) -> None:

@@ -1,0 +1,216 @@
+"""``close()`` keeps its promises when it is pressed: raced, interrupted, re-entered, stalled.
+
+Its promises: once it returns, nothing this client was granted is held by anyone who
+believes they hold it, and it returns within its budget (plus what one engine call in
+flight takes to notice), whoever else calls it and whatever the engine is doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+from test_process_life import gated_client
+
+import queen_sync as qs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def held(url: str, name: str) -> bool:
+    with qs.Queen(url) as observer:
+        return bool(observer.locks.get(name)["held"])
+
+
+@pytest.fixture
+def write_lock_holder(sqlite_url: str) -> Iterator[Any]:
+    """Starts another process that holds the SQLite file's write lock for some seconds."""
+    started: list[subprocess.Popen[str]] = []
+
+    def hold(seconds: float) -> None:
+        path = sqlite_url[len("sqlite://"):]
+        process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sqlite3, time
+            db = sqlite3.connect({path!r}, isolation_level=None)
+            db.execute("BEGIN IMMEDIATE")
+            print("holding", flush=True)
+            time.sleep({seconds})
+            db.execute("COMMIT")
+        """)], stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        assert process.stdout is not None and process.stdout.readline().strip() == "holding"
+
+    yield hold
+    for process in started:
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+class TestAnAcquireThatLandsAfterCloseGaveUpOnIt:
+    def test_does_not_report_a_lease_nobody_renews(self, sqlite_url: str) -> None:
+        q, granted, release = gated_client(sqlite_url)
+        lock = q.lock("late", ttl=60)
+        outcome: list[object] = []
+
+        def take() -> None:
+            try:
+                outcome.append(lock.acquire())
+            except qs.QueenError as exc:
+                outcome.append(exc)
+
+        taking = threading.Thread(target=take)
+        taking.start()
+        assert granted.wait(5), "setup: the acquire did not reach the engine"
+        q.close(timeout=0.2)  # gives up waiting for the acquire in flight
+        release.set()
+        taking.join(5)
+        assert outcome and outcome[0] is not True, (
+            "acquire() returned True on a closed client: its lease is never renewed, and "
+            "expires under a holder that believes it holds")
+        assert isinstance(outcome[0], qs.QueenError) and "closed" in str(outcome[0])
+        assert not lock.held
+
+
+class TestTwoCloses:
+    def test_the_second_returns_only_once_the_first_has_given_everything_back(
+            self, sqlite_url: str) -> None:
+        q, granted, release = gated_client(sqlite_url)
+        kept = q.lock("kept", ttl=60)
+        kept.acquire()
+        late = q.lock("late", ttl=60)
+        taking = threading.Thread(target=lambda: _quietly(late.acquire))
+        taking.start()
+        assert granted.wait(5), "setup: the acquire did not reach the engine"
+        first = threading.Thread(target=q.close)
+        first.start()
+        time.sleep(0.1)  # the first close() is waiting for the acquire in flight
+        threading.Timer(0.3, release.set).start()
+        q.close()
+        assert not held(sqlite_url, "kept"), "the second close() returned before the give-back"
+        first.join(5)
+        taking.join(5)
+
+    def test_a_close_cut_short_by_ctrl_c_is_run_again_by_the_next(
+            self, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        q = qs.Queen(sqlite_url)
+        q.lock("kept", ttl=60).acquire()
+        real_stop = q.renewer.stop
+
+        def interrupted_stop(*args: Any, **kwargs: Any) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(q.renewer, "stop", interrupted_stop)
+        with pytest.raises(KeyboardInterrupt):
+            q.close()
+        monkeypatch.setattr(q.renewer, "stop", real_stop)
+        q.close()
+        assert not held(sqlite_url, "kept"), (
+            "the close() after an interrupted one gave nothing back")
+
+
+class TestCloseWhileAnotherProcessWrites:
+    def test_returns_within_its_budget_and_the_acquire_in_flight_does_not_report_holding(
+            self, sqlite_url: str, write_lock_holder: Any) -> None:
+        q = qs.Queen(sqlite_url)
+        outcome: list[object] = []
+
+        def take() -> None:
+            try:
+                outcome.append(q.lock("in-flight", ttl=60).acquire())
+            except qs.QueenError as exc:
+                outcome.append(exc)
+
+        write_lock_holder(6.0)
+        taking = threading.Thread(target=take, daemon=True)
+        taking.start()
+        time.sleep(0.3)  # the acquire now waits for the write lock, inside SQLite
+        began = time.monotonic()
+        q.close(timeout=1.0)
+        took = time.monotonic() - began
+        taking.join(10)
+        assert took < 3.5, f"close(timeout=1) took {took:.1f}s while another process wrote"
+        assert outcome and outcome[0] is not True, "an acquire landing after close() held"
+
+
+class TestCloseFromASignalHandler:
+    def test_returns_when_the_signal_lands_inside_an_engine_call_of_the_same_thread(
+            self, tmp_path: Path) -> None:
+        script = textwrap.dedent(f"""
+            import signal, sys, threading, time
+            import queen_sync as qs
+            from queen_sync._engines import sqlite as sqlite_engine
+            url = "sqlite://" + {str(tmp_path / "q.db")!r}
+            q = qs.Queen(url)
+            lock = q.lock("job", ttl=60)
+            closed = []
+            def on_term(signum, frame):
+                q.close(timeout=1)
+                closed.append(True)
+            signal.signal(signal.SIGTERM, on_term)
+            # The signal lands while the storage mutex is held: inside the step's commit.
+            real_commit = sqlite_engine.SqliteStorage._commit
+            def commit_then_signal(self, txn):
+                real_commit(self, txn)
+                if not closed:
+                    signal.raise_signal(signal.SIGTERM)
+            sqlite_engine.SqliteStorage._commit = commit_then_signal
+            try:
+                lock.acquire()
+            except qs.QueenError:
+                pass
+            print("closed" if closed else "not closed", flush=True)
+        """)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        try:
+            done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                  timeout=30, env=env)
+        except subprocess.TimeoutExpired:
+            pytest.fail("close() from a signal handler deadlocked on the engine call it "
+                        "interrupted")
+        assert done.returncode == 0, done.stderr[-1500:]
+        assert done.stdout.strip() == "closed", done.stdout + done.stderr[-800:]
+
+
+class TestCtrlCWhileTheRenewerThreadStarts:
+    def test_the_next_lease_still_gets_a_renewer(self, sqlite_url: str) -> None:
+        q = qs.Queen(sqlite_url)
+        armed = [True]
+
+        def tracer(frame: Any, event: str, arg: Any) -> Optional[Any]:
+            if event == "call" and armed[0] and frame.f_code is threading.Thread.start.__code__:
+                armed[0] = False
+                signal.default_int_handler(signal.SIGINT, frame)
+            return None
+
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                q.lock("first", ttl=60).acquire()
+        finally:
+            sys.settrace(None)
+        assert not armed[0], "setup: the renewer thread's start was never reached"
+        second = q.lock("second", ttl=60)
+        assert second.acquire()
+        thread = q.renewer.thread
+        assert thread is not None and thread.is_alive(), (
+            "no renewer thread runs for a lease taken after a Ctrl-C cut one's start short")
+        q.close()
+        assert not held(sqlite_url, "second")
+
+
+def _quietly(call: Any) -> None:
+    with contextlib.suppress(qs.QueenError):
+        call()
+
