@@ -568,18 +568,48 @@ class SqliteStorage:
         # generator-based context managers per call cost more than the rest of it.
         with self._mutex:
             try:
-                conn = self._connection()
                 try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    txn = self._txn(conn, footprint)
-                    answer = work(txn)
-                    self._commit(txn)
-                except BaseException:
-                    _rollback(conn)
-                    raise
+                    txn, answer = self._write(footprint, work)
+                except sqlite3.OperationalError as exc:
+                    if not self._room_made(exc):
+                        raise
+                    txn, answer = self._write(footprint, work)  # once, into the room made
             except sqlite3.DatabaseError as exc:
                 raise _translate(self.path, exc) from exc
         return self._woken(txn, answer)
+
+    def _write(self, footprint: Footprint,
+               work: Callable[[StorageTxn], _T]) -> tuple[_SqliteTxn, _T]:
+        """``work`` in one ``BEGIN IMMEDIATE`` transaction, committed (the caller holds the
+        mutex)."""
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            txn = self._txn(conn, footprint)
+            answer = work(txn)
+            self._commit(txn)
+        except BaseException:
+            _rollback(conn)
+            raise
+        return txn, answer
+
+    def _room_made(self, exc: sqlite3.OperationalError) -> bool:
+        """After a write found the disk full: whether a checkpoint emptied the log.
+
+        SQLite checkpoints by itself only after a commit, once the log is long: a log that
+        fills a small disk first would stay full while any client keeps the store open.
+        Copied into the database (whose pages it mostly rewrites), the log starts over.
+        """
+        if not _is_full(exc) or self._conn is None:
+            return False
+        try:
+            busy, logged, copied = self._conn.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.DatabaseError:
+            return False
+        log.info("SQLite database %s found the disk full; a checkpoint copied %d of %d "
+                 "log pages", self.path, copied, logged)
+        return not busy and logged > 0 and copied == logged
 
     def _alone(self, work: Callable[[StorageTxn], _T]) -> _T:
         """A lone release as its one DELETE, which commits by itself (so without BEGIN and
@@ -591,8 +621,14 @@ class SqliteStorage:
                 if not self._intact():
                     self._check_identity()
                 self._calls += 1
-                txn = _AloneTxn(conn, self._clock)
-                answer = work(txn)
+                try:
+                    txn = _AloneTxn(conn, self._clock)
+                    answer = work(txn)
+                except sqlite3.OperationalError as exc:
+                    if not self._room_made(exc):
+                        raise
+                    txn = _AloneTxn(conn, self._clock)  # once, into the room made
+                    answer = work(txn)
             except sqlite3.DatabaseError as exc:
                 raise _translate(self.path, exc) from exc
         return self._woken(txn, answer)
@@ -806,12 +842,15 @@ def _translate(path: str, exc: sqlite3.DatabaseError) -> Exception:
 
 
 _SQLITE_FULL = 13  # SQLite's primary result code; ``sqlite3`` names it from Python 3.11 only
+# SQLITE_IOERR_SHMSIZE: the -shm could not be extended, which on a full disk is how SQLite
+# tells it (as "disk I/O error") when that file, not the log or the database, needs room.
+_SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)
 
 
 def _is_full(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)  # set from Python 3.11
     if isinstance(code, int):
-        return code & 0xFF == _SQLITE_FULL
+        return code & 0xFF == _SQLITE_FULL or code == _SQLITE_IOERR_SHMSIZE
     return "database or disk is full" in str(exc)
 
 
