@@ -37,6 +37,9 @@ log = logging.getLogger("queen_sync")
 # Entries a client keeps for acquires in flight before it forgets those cut off by an
 # interrupt: far more than the threads that acquire at once, so pruning is rare.
 _FLIGHTS_KEPT = 64
+# Seconds close() waits past its budget for the engine to close and the last handlers to
+# end, before it leaves the rest to its closing thread.
+_CLOSE_GRACE = 1.0
 
 
 def default_url() -> str:
@@ -315,8 +318,9 @@ class Queen:
         self._flights: dict[LockType, int] = {}
         self._prune_flights_at = _FLIGHTS_KEPT  # past this many entries, forget the landed ones
         self._landed = threading.Event()  # set when one lands while closing
-        self._close_claim = threading.Lock()  # held by the one close() running
-        self._closer: Optional[int] = None  # the thread of that close()
+        # The thread doing the closing, claimed by one dict step: no lock a signal handler's
+        # close() could find held by the very thread it interrupted.
+        self._closers: dict[str, threading.Thread] = {}
         self._given_back = threading.Event()  # set once a close() has given the leases back
 
     def _take_off(self, flight: LockType) -> None:
@@ -350,17 +354,21 @@ class Queen:
 
     @property
     def _acquires(self) -> int:
-        """How many acquires are still in flight on other threads (this one is closing)."""
-        own = threading.get_ident()
-        return sum(1 for flight, thread in list(self._flights.items())
-                   if thread != own and flight.locked())
+        """How many acquires are still in flight on other threads than this one."""
+        return self._acquires_but(threading.get_ident())
 
-    def _wait_for_acquires(self, timeout: float) -> None:
+    def _acquires_but(self, caller: int) -> int:
+        """How many acquires are in flight on threads other than ``caller`` (which waits in
+        ``close()``, so its own attempt cannot land meanwhile)."""
+        return sum(1 for flight, thread in list(self._flights.items())
+                   if thread != caller and flight.locked())
+
+    def _wait_for_acquires(self, timeout: float, caller: int) -> None:
         # Polled too: a wake-up can be cut off by an interrupt in the acquire's exit.
         deadline = time.monotonic() + timeout
         while True:
             self._landed.clear()  # before counting: a landing after the count ends the wait
-            in_flight = self._acquires
+            in_flight = self._acquires_but(caller)
             if not in_flight:
                 return
             left = deadline - time.monotonic()
@@ -376,9 +384,9 @@ class Queen:
                   lease: Optional[object] = None) -> None:
         self._losses.dispatch(handler, reason, lease)
 
-    def _drain_loss_handlers(self, deadline: float) -> None:
+    def _drain_loss_handlers(self, deadline: float, caller: int) -> None:
         # Before the engine closes: a cleanup handler may still need it.
-        left = self._losses.drain(deadline - time.monotonic())
+        left = self._losses.drain(deadline - time.monotonic(), caller)
         if left:
             log.warning("closing %s with the loss handlers of %d lease(s) still running; "
                         "they go on in daemon threads, which do not delay exit",
@@ -397,31 +405,59 @@ class Queen:
 
         An acquire still in flight that is granted after this began gives its permit back
         and raises the "closed" ``QueenError``. A close() called while another runs returns
-        once that one has given the leases back (within its own ``timeout``); one cut
-        short by an interrupt is run again by the next.
+        once that one has given the leases back (within its own ``timeout``).
+
+        The closing runs on a thread of its own: a Ctrl-C cuts short the wait for it, not
+        the closing, and a close() from a signal handler returns within its budget (plus
+        a second) even when the thread it interrupted holds what the closing needs; the
+        closing then ends in the background. A closing that fails is run again by the
+        next close().
         """
         started = time.monotonic()
-        me = threading.get_ident()
-        while not self._close_claim.acquire(timeout=0.05):
-            # Another close() runs: its give-back is this call's too, so wait for it (within
-            # this call's budget), unless it is this thread's own, cut into by a handler.
-            if self._closer == me or self._given_back.is_set() \
-                    or time.monotonic() - started > timeout:
-                return
+        attempt = _CloseAttempt(threading.get_ident())
+        # The work runs on a thread of its own, which no signal interrupts: a Ctrl-C (or a
+        # handler calling close() again) cuts short only this wait, never the closing.
         try:
-            if not self._closed:
-                self._closer = me
-                self._close_once(started, timeout)
-        finally:
-            # Released also when interrupted: a later close() (at exit, say) runs it again.
-            self._closer = None
-            self._close_claim.release()
+            threading.Thread(target=self._run_close, args=(attempt, started, timeout),
+                             name="queen_sync-close", daemon=True).start()
+        except RuntimeError:  # Python 3.12+ starts no thread once the interpreter exits
+            self._run_close(attempt, started, timeout)
+        limit = started + timeout + _CLOSE_GRACE
+        attempt.ended.wait(max(0.0, limit - time.monotonic()))
+        if attempt.error is not None:
+            raise attempt.error
+        if not attempt.ran:
+            # Another close() is at work: its give-back is this call's too.
+            self._given_back.wait(max(0.0, limit - time.monotonic()))
+        elif not attempt.ended.is_set():
+            log.warning("closing %s takes longer than its %gs: it goes on in the background "
+                        "(what it cannot give back expires by itself)", self.url, timeout)
 
-    def _close_once(self, started: float, timeout: float) -> None:
+    def _run_close(self, attempt: _CloseAttempt, started: float, timeout: float) -> None:
+        try:
+            me = threading.current_thread()
+            if self._closed or self._closers.setdefault("closer", me) is not me:
+                return
+            attempt.ran = True
+            try:
+                self._close_once(started, timeout, attempt.caller)
+            except BaseException as exc:
+                attempt.error = exc  # the caller raises it, if it still waits
+                log.warning("closing %s failed", self.url, exc_info=True)
+            finally:
+                if not self._closed:  # a later close() runs it again
+                    self._closers.pop("closer", None)
+        finally:
+            attempt.ended.set()
+
+    def _close_once(self, started: float, timeout: float, caller: int) -> None:
         self._closing = True  # first: an acquire from now on is refused, none is missed
-        deadline = started + timeout
         held = self.renewer.held()
-        self.renewer.stop()
+        # Held up before it could start (by a thread a signal handler's close() interrupted,
+        # say), the closing goes on in the background, with its budget counted from now.
+        ready = time.monotonic()
+        deadline = (started if ready - started < _CLOSE_GRACE / 2 else ready) + timeout
+        self.renewer.stop(max(0.0, min(2.0, deadline - time.monotonic())))
         if held or self.renewer.watching_strays:
             # Batches stop starting at the deadline; the one in flight then is cut loose.
             tally = GiveBack(len(held))
@@ -432,8 +468,8 @@ class Queen:
         self._given_back.set()
         # An acquire landing from now on gives its permit back itself, through the engine,
         # which stays open for that until they land or the budget is spent.
-        self._wait_for_acquires(max(0.0, deadline - time.monotonic()))
-        self._drain_loss_handlers(deadline)
+        self._wait_for_acquires(max(0.0, deadline - time.monotonic()), caller)
+        self._drain_loss_handlers(deadline, caller)
         self._closed = True
         forget(self)  # at once: a client out of the registry is a closed one
         self._engine.close()
@@ -517,6 +553,16 @@ class _HandleCaller:
 def connect(url: Union[str, Sequence[str], None] = None, **options: Any) -> Queen:
     """Same as ``Queen(url, **options)``."""
     return Queen(url, **options)
+
+
+class _CloseAttempt:
+    """One ``close()`` call as its closing thread reports back to it."""
+
+    def __init__(self, caller: int) -> None:
+        self.caller = caller  # the thread waiting in close()
+        self.ended = threading.Event()
+        self.ran = False  # False: another close() was already at work (or it was closed)
+        self.error: Optional[BaseException] = None
 
 
 def _bounded(work: Callable[[], object], timeout: float) -> None:

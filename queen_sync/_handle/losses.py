@@ -133,14 +133,14 @@ class _Pool:
         with self._state:
             return len(self._lanes)
 
-    def drain(self, deadline: float) -> int:
+    def drain(self, deadline: float, caller: Optional[int] = None) -> int:
         """Wait until no handler is queued or running, or ``deadline``; what is left.
 
-        From one of this pool's own threads it does not wait: that thread's handler
-        would be waiting for itself.
+        For one of this pool's own threads (``caller``, else this one) it does not wait:
+        that thread's handler would be waiting for itself.
         """
         with self._state:
-            if threading.get_ident() in self._mine:
+            if (threading.get_ident() if caller is None else caller) in self._mine:
                 return len(self._lanes)
             while self._lanes:
                 left = deadline - time.monotonic()
@@ -173,11 +173,14 @@ class LossDispatcher:
         pool = self._reactions if isinstance(handler, Reaction) else self._handlers
         pool.put(handler, reason, lease)
 
-    def drain(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for every queued handler to end; leases left."""
+    def drain(self, timeout: float, caller: Optional[int] = None) -> int:
+        """Wait up to ``timeout`` seconds for every queued handler to end; leases left.
+
+        Not for the handler of ``caller`` (else this thread), which waits for this.
+        """
         deadline = time.monotonic() + max(0.0, timeout)
-        left = self._reactions.drain(deadline)
-        return left + self._handlers.drain(deadline)
+        left = self._reactions.drain(deadline, caller)
+        return left + self._handlers.drain(deadline, caller)
 
     def pending(self) -> int:
         """Leases with a handler queued or running."""

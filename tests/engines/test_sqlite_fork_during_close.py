@@ -23,7 +23,9 @@ class _PausingLock:
         self.reached, self.go = threading.Event(), threading.Event()
 
     def acquire(self, *args: Any) -> bool:
-        if self._closer and threading.current_thread() is self._closer[0]:
+        here = threading.current_thread()
+        # close() does its closing on a thread of its own, which the closing thread starts.
+        if self._closer and (here is self._closer[0] or here.name == "queen_sync-close"):
             self.reached.set()
             self.go.wait(1.0)  # a fork that waits for this close gets it after this
         return bool(self._inner.acquire(*args))

@@ -101,7 +101,7 @@ class TestTwoCloses:
         first.join(5)
         taking.join(5)
 
-    def test_a_close_cut_short_by_ctrl_c_is_run_again_by_the_next(
+    def test_a_closing_that_failed_is_run_again_by_the_next_close(
             self, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
         q = qs.Queen(sqlite_url)
         q.lock("kept", ttl=60).acquire()
@@ -181,6 +181,31 @@ class TestCloseFromASignalHandler:
                         "interrupted")
         assert done.returncode == 0, done.stderr[-1500:]
         assert done.stdout.strip() == "closed", done.stdout + done.stderr[-800:]
+
+
+class TestCloseFromASignalHandlerOnTheThreadItInterrupted:
+    def test_returns_within_its_budget_and_the_closing_ends_once_that_thread_goes_on(
+            self, sqlite_url: str) -> None:
+        q = qs.Queen(sqlite_url)
+        q.lock("job", ttl=60).acquire()
+        returned: list[float] = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            began = time.monotonic()
+            q.close(timeout=0.5)
+            returned.append(time.monotonic() - began)
+
+        previous = signal.signal(signal.SIGUSR1, on_signal)
+        try:
+            with q.renewer._mutex:  # held, as register() and unregister() hold it
+                signal.raise_signal(signal.SIGUSR1)  # its handler runs here, on this thread
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert returned and returned[0] < 5, f"close() from the handler took {returned}"
+        give_back_by = time.monotonic() + 10
+        while held(sqlite_url, "job") and time.monotonic() < give_back_by:
+            time.sleep(0.05)
+        assert not held(sqlite_url, "job"), "the closing never gave the lease back"
 
 
 class TestCtrlCWhileTheRenewerThreadStarts:
