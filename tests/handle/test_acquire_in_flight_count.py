@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 import pytest
+from test_process_life import acquiring_in_thread
 
 import queen_sync as qs
 from queen_sync.testing import FaultyEngine
@@ -30,16 +31,7 @@ class TestCloseWaitingOnAnAcquireInFlight:
         engine.hook_next(None, hook=hold, op="acquire", applied=True)
         q = qs.Queen(engine=engine)
         lock = q.lock("job", ttl=60)
-        outcome: list[object] = []
-
-        def take() -> None:
-            try:
-                outcome.append(lock.acquire())
-            except qs.QueenError as exc:
-                outcome.append(exc)
-
-        taking = threading.Thread(target=take)
-        taking.start()
+        taking, outcome = acquiring_in_thread(lock)
         assert granted.wait(5), "setup: the acquire did not reach the engine"
         closing = threading.Thread(target=lambda: q.close(timeout=60))
         closing.start()

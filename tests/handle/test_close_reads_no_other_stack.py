@@ -20,25 +20,12 @@ from types import FrameType
 from typing import Callable
 
 import pytest
+from test_process_life import enter_until_closed
 
 import queen_sync as qs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("QUEEN_SYNC_CLOSE_RACE_ROUNDS", "6"))
-
-
-def enter_until_closed(q: qs.Queen, prefix: str, names: list[str]) -> None:
-    """Take and give back locks on ``q`` until it refuses, as a busy worker thread does."""
-    i = 0
-    while True:
-        try:
-            lock = q.lock(f"{prefix}-{i}", ttl=30)
-            names.append(lock.name)
-            i += 1
-            with lock:
-                time.sleep(0.001)
-        except qs.QueenError:
-            return
 
 
 def close_among_workers(url: str, label: str, workers: int = 4) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
-from test_process_life import gated_client
+from test_process_life import acquiring_in_thread, gated_client
 
 import queen_sync as qs
 
@@ -61,16 +61,7 @@ class TestAnAcquireThatLandsAfterCloseGaveUpOnIt:
     def test_does_not_report_a_lease_nobody_renews(self, sqlite_url: str) -> None:
         q, granted, release = gated_client(sqlite_url)
         lock = q.lock("late", ttl=60)
-        outcome: list[object] = []
-
-        def take() -> None:
-            try:
-                outcome.append(lock.acquire())
-            except qs.QueenError as exc:
-                outcome.append(exc)
-
-        taking = threading.Thread(target=take)
-        taking.start()
+        taking, outcome = acquiring_in_thread(lock)
         assert granted.wait(5), "setup: the acquire did not reach the engine"
         q.close(timeout=0.2)  # gives up waiting for the acquire in flight
         release.set()
@@ -123,17 +114,8 @@ class TestCloseWhileAnotherProcessWrites:
     def test_returns_within_its_budget_and_the_acquire_in_flight_does_not_report_holding(
             self, sqlite_url: str, write_lock_holder: Any) -> None:
         q = qs.Queen(sqlite_url)
-        outcome: list[object] = []
-
-        def take() -> None:
-            try:
-                outcome.append(q.lock("in-flight", ttl=60).acquire())
-            except qs.QueenError as exc:
-                outcome.append(exc)
-
         write_lock_holder(6.0)
-        taking = threading.Thread(target=take, daemon=True)
-        taking.start()
+        taking, outcome = acquiring_in_thread(q.lock("in-flight", ttl=60))
         time.sleep(0.3)  # the acquire now waits for the write lock, inside SQLite
         began = time.monotonic()
         q.close(timeout=1.0)

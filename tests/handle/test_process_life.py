@@ -176,16 +176,7 @@ class TestCloseRace:
     def test_close_releases_a_lease_whose_acquire_was_in_flight(self, sqlite_url: str) -> None:
         q, granted, release = gated_client(sqlite_url)
         lock = q.lock("job", ttl=60)
-        outcome: list[object] = []
-
-        def take() -> None:
-            try:
-                outcome.append(lock.acquire())
-            except qs.QueenError as exc:
-                outcome.append(exc)
-
-        taking = threading.Thread(target=take)
-        taking.start()
+        taking, outcome = acquiring_in_thread(lock)
         assert granted.wait(5), "setup: the acquire did not reach the engine"
         closing = threading.Thread(target=q.close)
         closing.start()
@@ -234,6 +225,22 @@ class TestCloseRace:
             leaks += [name for name in names if probe.locks.get(name)["held"]]
         probe.close()
         assert not leaks, f"permits held after close() returned: {leaks[:5]}"
+
+
+def acquiring_in_thread(lock: qs.Lock) -> tuple[threading.Thread, list[object]]:
+    """``lock.acquire()`` started on a thread of its own; what it returned, or the
+    ``QueenError`` it raised, lands in the list."""
+    outcome: list[object] = []
+
+    def take() -> None:
+        try:
+            outcome.append(lock.acquire())
+        except qs.QueenError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return thread, outcome
 
 
 def _refused_or(acquire: Callable[[], bool]) -> None:
