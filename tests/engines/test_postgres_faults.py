@@ -274,8 +274,11 @@ class TestStalledServer:
             with frozen(server), pytest.raises(qs.EngineUnavailableError):
                 q.locks.get("x")
             assert q.locks.get("x")["held"] is False, "no recovery after the server resumed"
+        # The pool's own reconnect, run as the server resumes, may meet the statement timeout
+        # on a loaded machine and say so itself: that is psycopg's line, not this deadline's.
         loud = [f"{r.name}: {r.getMessage()}" for r in caplog.records
-                if r.levelno >= logging.WARNING]
+                if r.levelno >= logging.WARNING
+                and not (r.name == "psycopg.pool" and "error connecting" in r.getMessage())]
         assert not loud, f"a deadline that did its job was logged as a warning: {loud}"
 
     def test_waiting_for_a_release_on_a_frozen_server_falls_back_to_polling_in_time(
