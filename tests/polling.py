@@ -15,3 +15,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def woken_within(waiter: Any, seconds: float) -> bool:
+    """True when ``waiter`` (an engine's ``subscribe``) is woken by a release within
+    ``seconds``: its waits may end early with no release (its turn in a line came)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if waiter.wait(left):
+            return True
+    return False

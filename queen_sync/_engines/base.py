@@ -44,7 +44,19 @@ class Capabilities:
 
 class Waiter(Protocol):
     def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds; True when woken by a release."""
+        """Block up to ``timeout`` seconds; True when woken by a release.
+
+        It may return False early, when its turn came with no release seen (a waiter in
+        line, see ``in_line``): the caller looks at the lock, then waits again.
+        """
+
+
+def in_line(waiter: Waiter) -> bool:
+    """True while ``waiter`` waits behind another waiter of its name, in a line the engine
+    keeps: its turn wakes it, so it need not poll, and its first wait returns at once when
+    nobody is ahead. A waiter may leave the attribute out (an engine of the user's own).
+    """
+    return bool(getattr(waiter, "in_line", False))
 
 
 class _Sleeper:

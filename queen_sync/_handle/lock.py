@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 from typing_extensions import ParamSpec
 
 from .._durations import Duration, lease_seconds, parse_duration, renew_interval, wire_seconds
+from .._engines.base import in_line
 from .._errors import (
     EngineError,
     LockError,
@@ -353,8 +354,10 @@ class Lock:
         backoff = 0.01
         engine = self._client.engine
         with engine.subscribe(self.name) as waiter:
-            # A release landing between the failed attempt and the arming woke nobody.
-            if engine.capabilities.wake_on_release and self._attempt(started, cell):
+            # A release landing between the failed attempt and the arming woke nobody; a
+            # waiter in line looks at once anyway when nobody is ahead of it.
+            if (engine.capabilities.wake_on_release and not in_line(waiter)
+                    and self._attempt(started, cell)):
                 return True
             while True:
                 left = deadline - time.monotonic()
@@ -362,7 +365,9 @@ class Lock:
                     self._client.metrics.observe("acquire_gave_up_seconds",
                                                  time.monotonic() - started)
                     return self._busy()
-                waiter.wait(min(left, backoff * (0.5 + random.random()), self._until_expiry()))
+                # Behind another waiter, its turn wakes it: no polling meanwhile.
+                pause = _MAX_BACKOFF if in_line(waiter) else backoff * (0.5 + random.random())
+                waiter.wait(min(left, pause, self._until_expiry()))
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 if self._attempt(started, cell):
                     return True

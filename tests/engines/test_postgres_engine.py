@@ -17,6 +17,7 @@ from typing import Any, Iterator, TypeVar, cast
 import pg_server as server_helper
 import pytest
 from pg_server import PgServer, free_port, require_pg, shared_server
+from polling import woken_within
 
 if not require_pg():
     pytest.importorskip("psycopg")
@@ -332,7 +333,7 @@ class TestWakeUp:
         woke_at: list[float] = []
         with engine.subscribe("wake") as waiter:
             thread = threading.Thread(target=lambda: woke_at.append(
-                time.monotonic() if waiter.wait(5.0) else float("inf")))
+                time.monotonic() if woken_within(waiter, 5.0) else float("inf")))
             thread.start()
             time.sleep(0.05)
             released_at = time.monotonic()

@@ -94,7 +94,9 @@ class _Waiters:
             assert self._subscribed.acquire(timeout=10), "a waiter never subscribed"
 
     def _wait(self, engine: PostgresEngine, name: str, number: int) -> None:
-        with engine.subscribe(name) as waiter:
+        # The listener's own subscription: the engine's puts the waiters of a name in line
+        # first (test_postgres_waiting_line.py), and only the front one listens.
+        with engine._listening().subscribe(name) as waiter:
             self._subscribed.release()
             if waiter.wait(_LONG_WAIT):
                 with self._mutex:
@@ -159,7 +161,7 @@ class TestOneWakePerRelease:
 
     def test_a_wake_landing_while_a_waiter_is_busy_makes_its_next_wait_return_at_once(
             self, engine: PostgresEngine, releaser: PostgresEngine) -> None:
-        with engine.subscribe("busy") as waiter:
+        with engine._listening().subscribe("busy") as waiter:
             _take_and_release(releaser, "busy")
             time.sleep(0.3)  # the NOTIFY lands while nobody waits
             started = time.monotonic()

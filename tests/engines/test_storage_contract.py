@@ -9,6 +9,7 @@ import pytest
 from engine_factories import ENGINE_FACTORIES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from polling import woken_within
 
 import queen_sync as qs
 from queen_sync._engines.embedded import EmbeddedSemantics
@@ -166,16 +167,16 @@ class TestOneWakingRule:
 
             with pytest.raises(LookupError):
                 storage.transaction(Footprint(names=frozenset({"w"})), fails)
-            assert not waiter.wait(0.3), "a rolled-back step woke the waiters"
+            assert not woken_within(waiter, 0.3), "a rolled-back step woke the waiters"
             storage.transaction(Footprint(names=frozenset({"w"})),
                                 lambda txn: txn.freed("w"))
-            assert waiter.wait(5.0), "a committed step that freed the name woke nobody"
+            assert woken_within(waiter, 5.0), "a committed step that freed the name woke nobody"
 
     def test_a_key_value_delete_of_a_permit_wakes_its_waiters(self, client: qs.Queen) -> None:
         held = client.locks.acquire("kvw", ttl=30, owner="o")
         with client.engine.subscribe("kvw") as waiter:
             client.kv.delete("queen-locks", f"kvw#{held['slot']}")
-            assert waiter.wait(5.0), "freeing a permit through the KV wire woke nobody"
+            assert woken_within(waiter, 5.0), "freeing a permit through the KV wire woke nobody"
 
 
 def test_the_postgres_storage_keeps_no_state_per_thread(pg_url: str) -> None:

@@ -51,6 +51,7 @@ from .listen import Listener
 from .renew_ahead import renew_ahead
 from .storage import PartsOfOneBody, PostgresStorage
 from .url import DEFAULT_SCHEMA, build_conninfo, engine_url, split_url
+from .waiting_room import WaiterInLine, WaitingRoom
 
 log = logging.getLogger("queen_sync")
 
@@ -132,6 +133,9 @@ class PostgresEngine(Engine):
                                        secrets=self._secrets, call_timeout=call_timeout)
         self._semantics = EmbeddedSemantics(self.storage)
         self._listener: Optional[Listener] = None
+        sessions = self.storage.sessions
+        self._room = WaitingRoom(lambda deadline: sessions.connect(deadline), schema,
+                                 lambda: sessions.watchdog)
         self._mutex = threading.Lock()
 
     @classmethod
@@ -194,10 +198,11 @@ class PostgresEngine(Engine):
 
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
-        """A waiter woken by LISTEN/NOTIFY when a permit of ``name`` is released."""
+        """A waiter woken by LISTEN/NOTIFY when a permit of ``name`` is released, once it
+        is at the front of the name's line across processes (``waiting_room``)."""
         listener = self._listening()
-        with listener.subscribe(name) as waiter:
-            yield waiter
+        with listener.subscribe(name) as waiter, self._room.line(name) as place:
+            yield WaiterInLine(waiter, place)
 
     def _listening(self) -> Listener:
         with self._mutex:
@@ -251,6 +256,7 @@ class PostgresEngine(Engine):
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.abandon()
+        self._room.after_fork()
         self.storage.after_fork()
 
     def close(self) -> None:
@@ -258,5 +264,6 @@ class PostgresEngine(Engine):
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+        self._room.close()
         self.storage.close()
 

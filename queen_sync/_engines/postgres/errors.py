@@ -36,6 +36,7 @@ CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
     psycopg.errors.SerializationFailure,
     psycopg.errors.DivisionByZero,
     psycopg.errors.UndefinedTable,
+    psycopg.errors.LockNotAvailable,
     psycopg_pool.PoolTimeout,
 )
 

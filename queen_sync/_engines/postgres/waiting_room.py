@@ -1,0 +1,285 @@
+"""Waiters of one lock name in many processes take turns in the database, not all at once.
+
+A release NOTIFYs every listening process and each wakes one of its waiters, so with
+waiters in N processes N-1 of them lose a round trip (and the name's lock) to the
+winner on every release. A waiter therefore first takes the name's place in line: a
+session-level advisory lock, in a key space of its own, on a connection of its own.
+Only the waiter holding it sleeps on LISTEN and retries on a release; the others sleep
+inside ``pg_advisory_lock``, which the server queues in order at no cost to anyone.
+Threads of one client waiting on one name line up in the process first, so a client
+waits on at most one connection per name, and on no more than ``_MAX_LINES`` in all: a
+waiter that finds them taken waits as if there were no line.
+
+The place is a hint, never a permit: holding it grants nothing, and every wait in line
+is bounded by the waiter's own timeout (``lock_timeout``), after which it tries the
+permit as it would have anyway, so an expiry, a stalled holder of the place or a lost
+server delays nobody past the wait they asked for. A connection in doubt is closed,
+which ends its session and with it the place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import threading
+import time
+import zlib
+from typing import Any, Callable, Iterator, Optional, Protocol
+
+import psycopg
+
+from .deadline import Watchdog
+from .pool import detach
+from .sql import signed32
+from .txn import entity_key
+
+log = logging.getLogger("queen_sync")
+
+# Idle connections kept for the next waiter: opening one costs more than a wait in line.
+_KEPT_IDLE = 2
+# Connections one client may wait on at once (each is a server session).
+_MAX_LINES = 8
+# How long giving up a place may take to be answered.
+_ANSWER_GRACE = 2.0
+# Past its wait's timeout, how long a wait in line may take to end (a frozen server never
+# fires ``lock_timeout``): the waiter then polls as it would have with no line.
+_WAIT_SLACK = 0.25
+
+
+class WaitingRoom:
+    """The lines of one engine's waiters, and the connections they wait on.
+
+    Args:
+        connect: opens a new autocommit connection, given up on at a deadline
+            (``time.monotonic()`` seconds; driver errors propagate).
+        schema: the engine's schema, which names the key space of the lines.
+        watchdog: shuts down a connection whose server stopped answering.
+    """
+
+    def __init__(self, connect: Callable[[float], psycopg.Connection[Any]], schema: str,
+                 watchdog: Callable[[], Watchdog]) -> None:
+        self._connect = connect
+        self._watchdog = watchdog
+        self.line_class = signed32(zlib.crc32(f"queen_sync-line:{schema}".encode()))
+        self._idle: list[tuple[psycopg.Connection[Any], bool]] = []  # (conn, answer unread)
+        self._lent = 0  # connections waiters hold now
+        self._gates: dict[str, tuple[threading.Lock, int]] = {}  # name -> (gate, places)
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def line(self, name: str) -> Iterator[Place]:
+        """A waiter's place in the line of lock ``name``, left (and given up) on exit."""
+        with self._mutex:
+            gate, places = self._gates.get(name, (threading.Lock(), 0))
+            self._gates[name] = (gate, places + 1)
+        place = Place(self, entity_key(f"L{name}"), gate)
+        try:
+            yield place
+        finally:
+            try:
+                place.leave()
+            finally:
+                with self._mutex:
+                    gate, places = self._gates[name]
+                    if places > 1:
+                        self._gates[name] = (gate, places - 1)
+                    else:
+                        del self._gates[name]
+
+    def borrow(self, deadline: float) -> Optional[psycopg.Connection[Any]]:
+        """An idle connection holding no place, a new one, or None when this client waits
+        on as many as it may (driver errors propagate)."""
+        while True:
+            with self._mutex:
+                if self._closed:
+                    raise psycopg.OperationalError("the engine is closed")
+                if not self._idle:
+                    if self._lent >= _MAX_LINES:
+                        return None
+                    self._lent += 1
+                    break
+                conn, unread = self._idle.pop()
+                self._lent += 1
+            if not unread or self._read_answer(conn):
+                return conn
+            self._returned()
+        try:
+            return self._connect(deadline)
+        except BaseException:
+            self._returned()
+            raise
+
+    def give_back(self, conn: psycopg.Connection[Any], leaving: Optional[str] = None) -> None:
+        """Keep ``conn`` for the next waiter, or close it; ``leaving`` is the statement
+        that gives up its place, sent now and its answer read by the next borrower, so
+        the waiter that took the permit is not held up by it."""
+        self._returned()
+        with self._mutex:
+            keep = not self._closed and len(self._idle) < _KEPT_IDLE and not conn.closed
+        if keep and leaving is not None:
+            try:
+                with self.watch(conn, _ANSWER_GRACE):
+                    send_unanswered(conn, leaving)
+            except psycopg.Error:
+                keep = False
+        if keep:
+            with self._mutex:
+                if not self._closed:
+                    self._idle.append((conn, leaving is not None))
+                    return
+        close_quietly(conn)  # the session's end gives up any place it held
+
+    def discard(self, conn: psycopg.Connection[Any]) -> None:
+        """Close a connection in doubt; its session's end gives up any place it held."""
+        self._returned()
+        close_quietly(conn)
+
+    def _returned(self) -> None:
+        with self._mutex:
+            self._lent -= 1
+
+    def _read_answer(self, conn: psycopg.Connection[Any]) -> bool:
+        """Read the answer to the statement ``give_back`` sent; False (closed) if it failed."""
+        pgconn, ok = conn.pgconn, True
+        try:
+            with self.watch(conn, _ANSWER_GRACE):
+                while (result := pgconn.get_result()) is not None:
+                    ok = ok and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+        except psycopg.Error:
+            ok = False
+        if not ok:
+            close_quietly(conn)
+        return ok
+
+    def watch(self, conn: psycopg.Connection[Any], seconds: float) -> Any:
+        return self._watchdog().watching(conn, time.monotonic() + seconds)
+
+    def close(self) -> None:
+        """Close the idle connections; those in use are closed as their waiters leave."""
+        with self._mutex:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn, _unread in idle:
+            close_quietly(conn)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's connections are detached with the rest."""
+        self._mutex = threading.Lock()
+        idle, self._idle = self._idle, []
+        self._lent, self._gates = 0, {}
+        detach([conn for conn, _unread in idle])
+
+
+class Place:
+    """One waiter's place in one name's line: ``take`` waits for the front.
+
+    It first passes the name's gate in this process (one thread per client and name
+    waits in the database), then the name's line in the database.
+    """
+
+    def __init__(self, room: WaitingRoom, key: int, gate: threading.Lock) -> None:
+        self._room = room
+        self._key = key
+        self._gate = gate
+        self._passed_gate = False
+        self._conn: Optional[psycopg.Connection[Any]] = None
+        self.front = False  # holds the name's place: it alone retries on a release
+        self.unusable = False  # the line could not be reached: wait as if there were none
+
+    def take(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the front of the line; False in any case,
+        since reaching it is no release (see ``base.Waiter``): the caller looks next."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._passed_gate:
+            self._passed_gate = self._gate.acquire(timeout=max(0.0, timeout))
+            if not self._passed_gate:
+                return False
+        try:
+            if self._conn is None:
+                self._conn = self._room.borrow(deadline + _WAIT_SLACK)
+                if self._conn is None:
+                    self.unusable = True  # no line to wait in: look now, then wait on releases
+                    return False
+            conn = self._conn
+            left = max(0.001, deadline - time.monotonic())
+            ms = max(1, round(left * 1000))
+            with self._room.watch(conn, left + _WAIT_SLACK):
+                # The session's statement_timeout is the call timeout, which may be shorter.
+                conn.execute(f"SET lock_timeout = {ms};"
+                             f" SET statement_timeout = {ms + round(_WAIT_SLACK * 1000)};"
+                             f" SELECT pg_advisory_lock({self._room.line_class}, {self._key})")
+        except psycopg.errors.LockNotAvailable:
+            return False
+        except psycopg.Error as exc:
+            log.debug("queen_sync waiting line unavailable, waiting without it: %s", exc)
+            self.unusable = True
+            self._drop()
+            return False
+        except BaseException:
+            self._drop()  # an interrupted wait may have reached the front: the session ends it
+            raise
+        self.front = True
+        return False
+
+    def leave(self) -> None:
+        """Give up the place (if at the front), the connection and the gate."""
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                leaving = None
+                if self.front:
+                    leaving = f"SELECT pg_advisory_unlock({self._room.line_class}, {self._key})"
+                self.front = False
+                self._room.give_back(conn, leaving)
+        finally:
+            if self._passed_gate:
+                self._passed_gate = False
+                self._gate.release()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self.front = False
+        if conn is not None:
+            self._room.discard(conn)
+
+
+def send_unanswered(conn: psycopg.Connection[Any], statement: str) -> None:
+    """Send ``statement`` on ``conn`` without reading its answer (errors propagate)."""
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.encode())
+    while pgconn.flush() == 1:  # a connection in non-blocking mode may keep part queued
+        select.select([], [pgconn.socket], [], _ANSWER_GRACE)
+
+
+def close_quietly(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+class Woken(Protocol):
+    def wait(self, timeout: float) -> bool: ...
+
+
+class WaiterInLine:
+    """A waiter that sleeps on LISTEN once at the front of its name's line, in line before.
+
+    Reaching the front ends a wait: the waiter before it took the permit or gave up, so
+    this one looks at once (the caller looks after every wait) and then sleeps on the
+    releases.
+    """
+
+    def __init__(self, woken: Woken, place: Place) -> None:
+        self._woken = woken
+        self._place = place
+
+    @property
+    def in_line(self) -> bool:
+        """Waiting for the front (see ``base.in_line``)."""
+        return not (self._place.front or self._place.unusable)
+
+    def wait(self, timeout: float) -> bool:
+        if self.in_line:
+            return self._place.take(timeout)
+        return self._woken.wait(timeout)

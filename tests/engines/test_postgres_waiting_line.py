@@ -1,0 +1,340 @@
+"""Waiters of one lock in many clients line up in the database: only the front one retries.
+
+A release NOTIFYs every client, and each used to send a waiter to try: with waiters in N
+clients, N-1 lost a round trip to the winner on every release (4 contending processes
+made 4.4 attempts per acquisition). These tests run real clients of the tests' own
+server, each with its own engine, as separate processes would be; one test stops a
+real process at the front of the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import secrets
+import signal
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+from pg_server import PgServer, shared_server
+
+pytest.importorskip("psycopg")
+
+import psycopg
+
+import queen_sync as qs
+from queen_sync._engines.postgres.engine import PostgresEngine
+from queen_sync.testing import FaultyEngine
+
+pytestmark = pytest.mark.timeout(90)
+
+_RELEASES = 20  # wake-ups sent while the others wait
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    with shared_server() as running:
+        yield running
+
+
+@pytest.fixture
+def url(server: PgServer) -> str:
+    """A fresh, empty schema."""
+    return f"{server.url}?schema=line_{secrets.token_hex(6)}"
+
+
+def _line_class(url: str) -> int:
+    """The advisory-lock class of the schema's lines, as pg_locks shows it (an oid)."""
+    engine = PostgresEngine.from_url(url)
+    try:
+        return engine._room.line_class & 0xFFFFFFFF
+    finally:
+        engine.close()
+
+
+def _places(server: PgServer, url: str, granted: bool | None = None) -> int:
+    """Sessions in a line of ``url``'s schema now (at its front when ``granted``)."""
+    query = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+             " AND classid = %s::oid")
+    params: list[Any] = [_line_class(url)]
+    if granted is not None:
+        query += " AND granted = %s"
+        params.append(granted)
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        row = conn.execute(query, params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _until(condition: Any, failure: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.01)
+
+
+class _Contender:
+    """A client of its own waiting on ``name`` in a thread; ``attempts`` counts its tries."""
+
+    def __init__(self, url: str, name: str, wait: float = 20.0) -> None:
+        self.engine = FaultyEngine(PostgresEngine.from_url(url))
+        self.queen = qs.Queen(engine=self.engine, renew_thread=False)
+        self.lock = self.queen.lock(name, ttl=30)
+        self.got: list[bool] = []
+        self.token: int | None = None
+        self._wait = wait
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @property
+    def attempts(self) -> int:
+        return self.engine.sent["locks"]
+
+    def _run(self) -> None:
+        got = self.lock.acquire(wait=self._wait)
+        self.token = self.lock.token if got else None
+        self.got.append(got)
+        if got:
+            self.release.wait(30)
+            self.lock.release()
+
+    def close(self) -> None:
+        self.release.set()
+        self.thread.join(30)
+        self.queen.close()
+
+
+@contextlib.contextmanager
+def _contenders(url: str, name: str, count: int, **options: Any) -> Iterator[list[_Contender]]:
+    started: list[_Contender] = []
+    try:
+        for _ in range(count):  # one at a time, so the line's order is the start order
+            started.append(_Contender(url, name, **options))
+            time.sleep(0.15)
+        yield started
+    finally:
+        for contender in started:
+            contender.close()
+
+
+class TestOnlyTheFrontRetries:
+    def test_a_release_sends_only_the_front_waiter_of_all_clients_to_try(
+            self, server: PgServer, url: str) -> None:
+        # Releases as waiters see them (a NOTIFY of the name) while nothing is freed: each
+        # one sent a waiter of every client to try and fail.
+        with qs.Queen(url) as q:
+            holder = q.lock("held", ttl=30)
+            assert holder.acquire(), "the holder could not take the lock"
+            channel = q.engine.storage.sql.channel  # type: ignore[attr-defined]
+            with _contenders(url, "held", 3) as waiters, \
+                    psycopg.connect(server.url, autocommit=True) as notifier:
+                _until(lambda: _places(server, url) == 3, "the waiters never lined up")
+                before = [w.attempts for w in waiters]
+                for _ in range(_RELEASES):
+                    notifier.execute("SELECT pg_notify(%s, 'held')", [channel])
+                    time.sleep(0.03)
+                during = [w.attempts - b for w, b in zip(waiters, before)]
+                holder.release()
+        assert during[0] >= _RELEASES // 2, f"the front waiter slept through releases: {during}"
+        # Behind the front a waiter looks once a second at most: none of these are wakes.
+        assert max(during[1:]) <= 3, (
+            f"{_RELEASES} releases sent the waiters behind the front to try: {during}")
+
+    def test_every_waiter_in_line_gets_the_lock_in_its_turn_with_a_rising_token(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q:
+            holder = q.lock("turns", ttl=30)
+            assert holder.acquire(), "the holder could not take the lock"
+            first = holder.token
+            with _contenders(url, "turns", 3) as waiters:
+                holder.release()
+                tokens: list[int] = []
+                for waiter in waiters:  # each is let go once it holds: the next one's turn
+                    _until(lambda w=waiter: bool(w.got), "a waiter never got its turn")
+                    assert waiter.got == [True] and waiter.token is not None, (
+                        "a waiter gave up in line")
+                    tokens.append(waiter.token)
+                    waiter.release.set()
+                    waiter.thread.join(10)
+        assert first is not None and tokens == sorted(tokens) and tokens[0] > first, (
+            f"tokens must rise in the order of the line: first {first}, then {tokens}")
+        _until(lambda: _places(server, url) == 0, "a place in line outlived its waiter")
+
+
+def _stopped_front(url: str, ready: Any) -> None:
+    """A process that waits on 'stalled' and says when it is at the front (then is stopped)."""
+    with qs.Queen(url, renew_thread=False) as q:
+        lock = q.lock("stalled", ttl=30)
+        ready.set()
+        lock.acquire(wait=60)
+
+
+class TestALineHoldsUpNobody:
+    def test_a_waiter_behind_a_stopped_front_acquires_within_a_second_of_the_release(
+            self, server: PgServer, url: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        with qs.Queen(url) as q:
+            holder = q.lock("stalled", ttl=30)
+            assert holder.acquire(), "the holder could not take the lock"
+            ready = ctx.Event()
+            front = ctx.Process(target=_stopped_front, args=(url, ready), daemon=True)
+            front.start()
+            try:
+                assert ready.wait(30), "the front process never started"
+                _until(lambda: _places(server, url, granted=True) == 1,
+                       "the other process never reached the front")
+                assert front.pid is not None
+                os.kill(front.pid, signal.SIGSTOP)
+                with _contenders(url, "stalled", 1) as (behind,):
+                    _until(lambda: _places(server, url) == 2, "the waiter never lined up")
+                    released = time.monotonic()
+                    holder.release()
+                    _until(lambda: bool(behind.got), "the waiter behind never acquired", 5.0)
+                    took = time.monotonic() - released
+                    assert behind.got == [True]
+            finally:
+                if front.pid is not None:
+                    os.kill(front.pid, signal.SIGKILL)
+                front.join(10)
+        # Behind the front, a waiter looks at least once a second (sooner when its
+        # holder's lease is due); the frozen front cannot hold it longer.
+        assert took < 1.6, f"the stopped front held the waiter behind it {took:.2f}s"
+
+    def test_a_wait_in_line_ends_at_its_deadline(self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q:
+            holder = q.lock("deadline", ttl=30)
+            assert holder.acquire(), "the holder could not take the lock"
+            with _contenders(url, "deadline", 1):
+                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                with qs.Queen(url) as other:
+                    started = time.monotonic()
+                    got = other.lock("deadline", ttl=30).acquire(wait=0.4)
+                    took = time.monotonic() - started
+        assert got is False
+        assert 0.35 < took < 1.0, f"a 0.4 s wait in line took {took:.2f}s"
+
+    def test_a_line_connection_cut_by_the_server_leaves_its_waiter_waiting_without_it(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q:
+            holder = q.lock("cut", ttl=30)
+            assert holder.acquire(), "the holder could not take the lock"
+            with _contenders(url, "cut", 2) as waiters:
+                _until(lambda: _places(server, url) == 2, "the waiters never lined up")
+                with psycopg.connect(server.url, autocommit=True) as admin:
+                    cut = admin.execute(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+                        " WHERE locktype = 'advisory' AND objsubid = 2 AND classid = %s::oid",
+                        [_line_class(url)]).fetchone()
+                assert cut == (2,), f"the line's sessions were not both cut: {cut}"
+                holder.release()
+                for _ in waiters:  # no line orders them now: whoever holds lets go
+                    _until(lambda: any(w.got and not w.release.is_set() for w in waiters),
+                           "a waiter whose line was cut never got the lock")
+                    winner = next(w for w in waiters if w.got and not w.release.is_set())
+                    assert winner.got == [True]
+                    winner.release.set()
+                    winner.thread.join(10)
+
+
+class TestNoPlaceOutlivesItsWaiter:
+    def test_no_place_in_line_is_left_after_waits_that_won_gave_up_or_were_interrupted(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
+            holder = q.lock("left", ttl=30)
+            assert holder.acquire()
+            lock = waiting.lock("left", ttl=30)
+            assert lock.acquire(wait=0.3) is False  # gave up at the front
+            assert _places(server, url) == 0, "a wait that gave up kept its place"
+            with _contenders(url, "left", 1):
+                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                # Interrupted behind the front, inside pg_advisory_lock.
+                timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                timer.start()
+                with pytest.raises(KeyboardInterrupt):
+                    lock.acquire(wait=10)
+                timer.join()
+                _until(lambda: _places(server, url) == 1,
+                       "an interrupted waiter kept its place in line")
+                holder.release()
+            _until(lambda: _places(server, url) == 0, "a waiter that won kept its place")
+            # The client waits in line again, on the connections it kept.
+            assert holder.acquire()
+            waited = threading.Thread(target=lambda: lock.acquire(wait=10), daemon=True)
+            waited.start()
+            _until(lambda: _places(server, url, granted=True) == 1, "no wait in line again")
+            holder.release()
+            waited.join(10)
+            assert lock.held, "the waiter did not get the lock after waiting in line again"
+            lock.release()
+        _until(lambda: _places(server, url) == 0, "a place outlived its client")
+
+    def test_closing_a_client_closes_the_connections_its_waiters_kept(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q:
+            holder = q.lock("kept", ttl=30)
+            assert holder.acquire()
+            waiting = qs.Queen(url, renew_thread=False)
+            assert waiting.lock("kept", ttl=30).acquire(wait=0.2) is False
+            engine: Any = waiting.engine
+            kept = [conn for conn, _unread in engine._room._idle]
+            assert kept, "the waiter kept no connection for the next wait"
+            waiting.close()
+            assert all(conn.closed for conn in kept), "close() left a line connection open"
+
+
+class TestConnectionsPerClient:
+    def test_threads_of_one_client_wait_on_one_connection_per_name_and_a_few_in_all(
+            self, server: PgServer, url: str) -> None:
+        names = [f"n{i}" for i in range(12)]
+        with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
+            holders = [q.lock(name, ttl=30) for name in names]
+            assert all(h.acquire() for h in holders)
+            got: list[str] = []
+
+            def wait_for(name: str) -> None:
+                lock = waiting.lock(name, ttl=30)
+                if lock.acquire(wait=20):
+                    got.append(name)
+                    lock.release()
+
+            threads = [threading.Thread(target=wait_for, args=(name,), daemon=True)
+                       for name in [names[0]] * 10 + names[1:]]
+            for thread in threads:
+                thread.start()
+            time.sleep(1.0)
+            in_line = _places(server, url)
+            for holder in holders:
+                holder.release()
+            for thread in threads:
+                thread.join(30)
+        assert 1 <= in_line <= 8, (
+            f"21 waiting threads on 12 names held {in_line} sessions in line (at most 8)")
+        assert sorted(got) == sorted([names[0]] * 10 + names[1:]), "a waiter never got its lock"
+
+
+class TestFork:
+    def test_a_forked_child_waits_in_line_on_a_connection_of_its_own(
+            self, server: PgServer, url: str) -> None:
+        with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
+            holder = q.lock("forked", ttl=30)
+            assert holder.acquire()
+            lock = waiting.lock("forked", ttl=30)
+            assert lock.acquire(wait=0.2) is False  # the client now keeps a line connection
+            pid = os.fork()
+            if pid == 0:  # the child: its wait must not use the parent's session
+                code = 1
+                try:
+                    code = 0 if lock.acquire(wait=0.3) is False else 2
+                finally:
+                    os._exit(code)
+            # The parent waits in line at the same time, on its kept connection.
+            assert lock.acquire(wait=0.3) is False
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+                f"the child's wait in line failed: status {status}")
+            holder.release()
+            assert lock.acquire(wait=5), "the parent's line broke across the fork"
+            lock.release()
