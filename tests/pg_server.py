@@ -23,6 +23,7 @@ import pwd
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -272,3 +273,44 @@ def pg_server() -> Iterator[PgServer]:
 def pg_url(pg_server: PgServer) -> str:
     """URL of the session's shared PostgreSQL server, with a real password."""
     return pg_server.url
+
+
+def server_pids(server: PgServer) -> list[int]:
+    """The postmaster and every process it started (backends, checkpointer, ...)."""
+    with open(os.path.join(server.data, "postmaster.pid"), encoding="utf-8") as handle:
+        postmaster = int(handle.readline())
+    children = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(
+                f"/proc/{entry}/stat", encoding="utf-8") as handle:
+            if int(handle.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry))
+    return [postmaster, *children]
+
+
+@contextlib.contextmanager
+def stopped(pids: Sequence[int], resume_after: Optional[float] = None) -> Iterator[None]:
+    """These server processes stopped (the kernel still ACKs, they answer nothing), and
+    always resumed; with ``resume_after``, also by a process of their own after that many
+    seconds, so a client stuck with the GIL held cannot keep them stopped (and the test
+    from failing)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    resumer = None
+    if resume_after is not None:
+        resumer = subprocess.Popen(["sh", "-c", f"sleep {resume_after}; kill -CONT "
+                                    f"{shlex.join(map(str, pids))} 2>/dev/null"])
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if resumer is not None:
+            resumer.kill()
+            resumer.wait()
+
+
+def frozen(server: PgServer) -> contextlib.AbstractContextManager[None]:
+    """Every process of ``server`` stopped."""
+    return stopped(server_pids(server))

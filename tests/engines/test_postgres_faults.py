@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import pytest
-from pg_server import PgServer, require_pg
+from pg_server import PgServer, frozen, require_pg
 
 if not require_pg():
     pytest.importorskip("psycopg")
@@ -196,33 +196,6 @@ class TestProcesses:
             child.join(10)
         assert verdict[0] == "fenced out", verdict
         assert who == ("successor",), f"the stopped holder's write landed: {who}"
-
-
-def server_pids(server: PgServer) -> list[int]:
-    """The postmaster and every process it started (backends, checkpointer, ...)."""
-    with open(os.path.join(server.data, "postmaster.pid"), encoding="utf-8") as handle:
-        postmaster = int(handle.readline())
-    children = []
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError, IndexError), open(
-                f"/proc/{entry}/stat", encoding="utf-8") as handle:
-            if int(handle.read().rsplit(")", 1)[1].split()[1]) == postmaster:
-                children.append(int(entry))
-    return [postmaster, *children]
-
-
-@contextlib.contextmanager
-def frozen(server: PgServer) -> Iterator[None]:
-    """Every server process stopped: the kernel still ACKs, nothing answers."""
-    pids = server_pids(server)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 class TestStalledServer:

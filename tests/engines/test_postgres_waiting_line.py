@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterator
 
 import pytest
-from pg_server import PgServer, shared_server
+from pg_server import PgServer, frozen, shared_server, stopped
 
 pytest.importorskip("psycopg")
 
@@ -338,3 +338,95 @@ class TestFork:
             holder.release()
             assert lock.acquire(wait=5), "the parent's line broke across the fork"
             lock.release()
+
+
+class _Heartbeat:
+    """A thread that ticks every 20 ms: the longest gap shows the process was held."""
+
+    def __init__(self) -> None:
+        self.beats: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            self.beats.append(time.monotonic())
+            time.sleep(0.02)
+
+    def longest_gap(self) -> float:
+        self._stop.set()
+        self._thread.join(5)
+        return max((b - a for a, b in zip(self.beats, self.beats[1:])), default=0.0)
+
+
+class TestAStalledServerHoldsUpNoWaitInLine:
+    def test_a_place_given_up_on_a_stalled_session_delays_neither_the_next_wait_nor_the_process(
+            self, server: PgServer, url: str) -> None:
+        # The front gives up its place without waiting for the answer; the next wait on
+        # that connection read the answer inside the driver, holding the GIL: a stopped
+        # server process froze the whole client until it resumed (8 s of 8 s in 3 of 3).
+        with qs.Queen(url, renew_thread=False) as q, \
+                qs.Queen(url, renew_thread=False) as waiting:
+            holder = q.lock("stalled-answer", ttl=30)
+            assert holder.acquire()
+            front = waiting.lock("stalled-answer", ttl=30)
+            done: list[bool] = []
+            thread = threading.Thread(target=lambda: done.append(front.acquire(wait=20)),
+                                      daemon=True)
+            thread.start()
+            _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+            with psycopg.connect(server.url, autocommit=True) as admin:
+                row = admin.execute(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                    " AND classid = %s::oid AND granted", [_line_class(url)]).fetchone()
+            assert row is not None
+            with stopped([int(row[0])], resume_after=6):
+                holder.release()
+                thread.join(10)
+                assert done == [True], "the front waiter never took the lock"
+                front.release()
+                assert holder.acquire()
+                beat = _Heartbeat()
+                started = time.monotonic()
+                got = waiting.lock("stalled-answer", ttl=30).acquire(wait=0.5)
+                took = time.monotonic() - started
+                gap = beat.longest_gap()
+        assert got is False
+        assert took < 1.2, f"a 0.5 s wait took {took:.2f}s behind a stalled session"
+        assert gap < 0.5, f"the whole process stood still for {gap:.2f}s"
+
+    def test_a_client_closed_while_the_server_is_stopped_leaves_no_wait_in_line_past_its_end(
+            self, server: PgServer, url: str) -> None:
+        # close() stopped the watchdog that bounded a wait inside pg_advisory_lock; on a
+        # stopped server lock_timeout never fires, so the wait lasted until it resumed.
+        with qs.Queen(url) as q:
+            holder = q.lock("closing", ttl=30)
+            assert holder.acquire()
+            waiting = qs.Queen(f"{url}&timeout=2", renew_thread=False)
+            outcomes: list[Any] = []
+
+            def wait() -> None:
+                try:
+                    outcomes.append(waiting.lock("closing", ttl=30).acquire(wait=4))
+                except qs.QueenError as exc:
+                    outcomes.append(type(exc).__name__)
+
+            with _contenders(url, "closing", 1):  # another client at the front
+                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                threads = [threading.Thread(target=wait, daemon=True) for _ in range(2)]
+                for thread in threads:
+                    thread.start()
+                _until(lambda: _places(server, url) == 2, "no waiter inside pg_advisory_lock")
+                time.sleep(0.3)  # the second waits behind the first in the process's gate
+                with frozen(server):
+                    started = time.monotonic()
+                    closer = threading.Thread(target=waiting.close, daemon=True)
+                    closer.start()
+                    for thread in threads:
+                        thread.join(12)
+                    took = time.monotonic() - started
+                    closer.join(12)
+        assert len(outcomes) == 2, f"waiters still stuck after {took:.1f}s: {outcomes}"
+        assert took < 5.5, f"waiters of a closed client ran {took:.1f}s past a 4 s wait"
+

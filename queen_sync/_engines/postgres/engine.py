@@ -134,8 +134,7 @@ class PostgresEngine(Engine):
         self._semantics = EmbeddedSemantics(self.storage)
         self._listener: Optional[Listener] = None
         sessions = self.storage.sessions
-        self._room = WaitingRoom(lambda deadline: sessions.connect(deadline), schema,
-                                 lambda: sessions.watchdog)
+        self._room = WaitingRoom(lambda deadline: sessions.connect(deadline), schema)
         self._mutex = threading.Lock()
 
     @classmethod

@@ -29,7 +29,6 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import psycopg
 
-from .deadline import Watchdog
 from .pool import detach
 from .sql import signed32
 from .txn import entity_key
@@ -40,27 +39,34 @@ log = logging.getLogger("queen_sync")
 _KEPT_IDLE = 2
 # Connections one client may wait on at once (each is a server session).
 _MAX_LINES = 8
-# How long giving up a place may take to be answered.
-_ANSWER_GRACE = 2.0
+# How long giving up a place may take to be sent, and its answer to be read.
+_ANSWER_GRACE = 0.25
 # Past its wait's timeout, how long a wait in line may take to end (a frozen server never
 # fires ``lock_timeout``): the waiter then polls as it would have with no line.
 _WAIT_SLACK = 0.25
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+class Late(Exception):
+    """The server did not answer a line statement in time: its connection is in doubt."""
 
 
 class WaitingRoom:
     """The lines of one engine's waiters, and the connections they wait on.
 
+    Every statement on a line connection is sent and read here, without blocking inside
+    the driver, and bounded by its waiter's own deadline: the engine's watchdog is not
+    needed (and stops when the engine closes, while a waiter may still be in line).
+
     Args:
         connect: opens a new autocommit connection, given up on at a deadline
             (``time.monotonic()`` seconds; driver errors propagate).
         schema: the engine's schema, which names the key space of the lines.
-        watchdog: shuts down a connection whose server stopped answering.
     """
 
-    def __init__(self, connect: Callable[[float], psycopg.Connection[Any]], schema: str,
-                 watchdog: Callable[[], Watchdog]) -> None:
+    def __init__(self, connect: Callable[[float], psycopg.Connection[Any]], schema: str
+                 ) -> None:
         self._connect = connect
-        self._watchdog = watchdog
         self.line_class = signed32(zlib.crc32(f"queen_sync-line:{schema}".encode()))
         self._idle: list[tuple[psycopg.Connection[Any], bool]] = []  # (conn, answer unread)
         self._lent = 0  # connections waiters hold now
@@ -102,7 +108,7 @@ class WaitingRoom:
                     break
                 conn, unread = self._idle.pop()
                 self._lent += 1
-            if not unread or self._read_answer(conn):
+            if not unread or self._read_answer(conn, deadline):
                 return conn
             self._returned()
         try:
@@ -111,7 +117,8 @@ class WaitingRoom:
             self._returned()
             raise
 
-    def give_back(self, conn: psycopg.Connection[Any], leaving: Optional[str] = None) -> None:
+    def give_back(self, conn: psycopg.Connection[Any], leaving: Optional[bytes] = None
+                  ) -> None:
         """Keep ``conn`` for the next waiter, or close it; ``leaving`` is the statement
         that gives up its place, sent now and its answer read by the next borrower, so
         the waiter that took the permit is not held up by it."""
@@ -120,9 +127,8 @@ class WaitingRoom:
             keep = not self._closed and len(self._idle) < _KEPT_IDLE and not conn.closed
         if keep and leaving is not None:
             try:
-                with self.watch(conn, _ANSWER_GRACE):
-                    send_unanswered(conn, leaving)
-            except psycopg.Error:
+                send(conn, leaving, time.monotonic() + _ANSWER_GRACE)
+            except (psycopg.Error, Late):
                 keep = False
         if keep:
             with self._mutex:
@@ -140,21 +146,17 @@ class WaitingRoom:
         with self._mutex:
             self._lent -= 1
 
-    def _read_answer(self, conn: psycopg.Connection[Any]) -> bool:
-        """Read the answer to the statement ``give_back`` sent; False (closed) if it failed."""
-        pgconn, ok = conn.pgconn, True
+    @staticmethod
+    def _read_answer(conn: psycopg.Connection[Any], deadline: float) -> bool:
+        """Read the answer to the statement ``give_back`` sent; False (closed) if it failed
+        or is not in by ``deadline`` (a server that stalled must not hold up this wait)."""
         try:
-            with self.watch(conn, _ANSWER_GRACE):
-                while (result := pgconn.get_result()) is not None:
-                    ok = ok and result.status == psycopg.pq.ExecStatus.TUPLES_OK
-        except psycopg.Error:
+            ok = answer(conn, min(deadline, time.monotonic() + _ANSWER_GRACE)) is None
+        except (psycopg.Error, Late):
             ok = False
         if not ok:
             close_quietly(conn)
         return ok
-
-    def watch(self, conn: psycopg.Connection[Any], seconds: float) -> Any:
-        return self._watchdog().watching(conn, time.monotonic() + seconds)
 
     def close(self) -> None:
         """Close the idle connections; those in use are closed as their waiters leave."""
@@ -203,16 +205,14 @@ class Place:
                     self.unusable = True  # no line to wait in: look now, then wait on releases
                     return False
             conn = self._conn
-            left = max(0.001, deadline - time.monotonic())
-            ms = max(1, round(left * 1000))
-            with self._room.watch(conn, left + _WAIT_SLACK):
-                # The session's statement_timeout is the call timeout, which may be shorter.
-                conn.execute(f"SET lock_timeout = {ms};"
-                             f" SET statement_timeout = {ms + round(_WAIT_SLACK * 1000)};"
-                             f" SELECT pg_advisory_lock({self._room.line_class}, {self._key})")
-        except psycopg.errors.LockNotAvailable:
-            return False
-        except psycopg.Error as exc:
+            ms = max(1, round((deadline - time.monotonic()) * 1000))
+            # The session's statement_timeout is the call timeout, which may be shorter.
+            send(conn, f"SET lock_timeout = {ms};"
+                       f" SET statement_timeout = {ms + round(_WAIT_SLACK * 1000)};"
+                       f" SELECT pg_advisory_lock({self._room.line_class}, {self._key})"
+                       .encode(), deadline + _WAIT_SLACK)
+            failed = answer(conn, deadline + _WAIT_SLACK)
+        except (psycopg.Error, Late) as exc:
             log.debug("queen_sync waiting line unavailable, waiting without it: %s", exc)
             self.unusable = True
             self._drop()
@@ -220,6 +220,14 @@ class Place:
         except BaseException:
             self._drop()  # an interrupted wait may have reached the front: the session ends it
             raise
+        if failed == _LOCK_NOT_AVAILABLE:
+            return False
+        if failed is not None:
+            log.debug("queen_sync waiting line refused (SQLSTATE %s), waiting without it",
+                      failed)
+            self.unusable = True
+            self._drop()
+            return False
         self.front = True
         return False
 
@@ -230,7 +238,8 @@ class Place:
             if conn is not None:
                 leaving = None
                 if self.front:
-                    leaving = f"SELECT pg_advisory_unlock({self._room.line_class}, {self._key})"
+                    leaving = (f"SELECT pg_advisory_unlock({self._room.line_class},"
+                               f" {self._key})").encode()
                 self.front = False
                 self._room.give_back(conn, leaving)
         finally:
@@ -245,12 +254,52 @@ class Place:
             self._room.discard(conn)
 
 
-def send_unanswered(conn: psycopg.Connection[Any], statement: str) -> None:
-    """Send ``statement`` on ``conn`` without reading its answer (errors propagate)."""
+def send(conn: psycopg.Connection[Any], query: bytes, deadline: float) -> None:
+    """Send ``query`` (the simple protocol) on ``conn``, all of it by ``deadline``.
+
+    Raises:
+        Late: it could not all be sent in time.
+        psycopg.OperationalError: the connection failed.
+    """
     pgconn = conn.pgconn
-    pgconn.send_query(statement.encode())
+    pgconn.send_query(query)
     while pgconn.flush() == 1:  # a connection in non-blocking mode may keep part queued
-        select.select([], [pgconn.socket], [], _ANSWER_GRACE)
+        _ready(pgconn.socket, deadline, writing=True)
+
+
+def answer(conn: psycopg.Connection[Any], deadline: float) -> Optional[str]:
+    """Read every result of the query last sent on ``conn`` by ``deadline``: None when all
+    succeeded, else the SQLSTATE of the failure.
+
+    Raises:
+        Late: the answer was not all in by then.
+        psycopg.OperationalError: the connection failed.
+    """
+    pgconn, failed = conn.pgconn, None
+    while True:
+        while pgconn.is_busy():  # reads only what has arrived: libpq never blocks here
+            _ready(pgconn.socket, deadline, writing=False)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            return failed
+        if result.status == psycopg.pq.ExecStatus.FATAL_ERROR and failed is None:
+            failed = (result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) or b"?").decode()
+        elif result.status not in (psycopg.pq.ExecStatus.COMMAND_OK,
+                                   psycopg.pq.ExecStatus.TUPLES_OK,
+                                   psycopg.pq.ExecStatus.FATAL_ERROR):
+            failed = failed or "?"
+
+
+def _ready(fd: int, deadline: float, *, writing: bool) -> None:
+    """Wait (releasing the GIL) until ``fd`` may be read or written, until ``deadline``."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        readable, writable, _ = select.select([] if writing else [fd], [fd] if writing else [],
+                                              [], left)
+        if readable or writable:
+            return
+    raise Late("the server did not answer the waiting line in time")
 
 
 def close_quietly(conn: psycopg.Connection[Any]) -> None:
