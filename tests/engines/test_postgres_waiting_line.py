@@ -430,3 +430,55 @@ class TestAStalledServerHoldsUpNoWaitInLine:
         assert len(outcomes) == 2, f"waiters still stuck after {took:.1f}s: {outcomes}"
         assert took < 5.5, f"waiters of a closed client ran {took:.1f}s past a 4 s wait"
 
+
+
+class TestAPlaceInDoubtIsGivenUp:
+    def test_a_place_granted_as_its_wait_timed_out_is_given_up_when_its_waiter_leaves(
+            self, server: PgServer, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        # The server may grant the lock in the moment lock_timeout fires, keep it and still
+        # answer 55P03 (2 in 15 s of churn): the waiter, told it timed out, kept the place
+        # on an idle connection, and every later hand-off of the name took 0.7 s.
+        from queen_sync._engines.postgres import waiting_room
+
+        def granted_yet_timed_out(conn: Any, deadline: float) -> str:
+            assert real_answer(conn, deadline) is None, "setup: the place was not granted"
+            return "55P03"
+
+        real_answer = waiting_room.answer
+        engine = PostgresEngine.from_url(url)
+        try:
+            with engine._room.line("doubt") as place:
+                monkeypatch.setattr(waiting_room, "answer", granted_yet_timed_out)
+                place.take(0.5)
+                monkeypatch.setattr(waiting_room, "answer", real_answer)
+                assert not place.front, "setup: the waiter was not told it timed out"
+                assert _places(server, url, granted=True) == 1, "setup: no place held"
+            _until(lambda: _places(server, url) == 0,
+                   "a place granted as its wait timed out outlived its waiter")
+        finally:
+            engine.close()
+
+    def test_an_interrupt_while_reading_a_given_up_place_leaves_no_connection_counted_or_open(
+            self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        # A Ctrl-C in the read of a place given up (its answer late, from a stalled server
+        # process) kept the connection open and counted: after eight, the client had no
+        # line left to wait in, for good.
+        from queen_sync._engines.postgres import waiting_room
+
+        def interrupted(conn: Any, deadline: float) -> str:
+            raise KeyboardInterrupt
+
+        with qs.Queen(url, renew_thread=False) as q, \
+                qs.Queen(url, renew_thread=False) as waiting:
+            holder = q.lock("late", ttl=30)
+            assert holder.acquire()
+            room: Any = waiting.engine._room  # type: ignore[attr-defined]
+            assert waiting.lock("late", ttl=30).acquire(wait=0.2) is False
+            ((kept, unread),) = room._idle
+            assert unread, "setup: the place given up was not left to be read"
+            monkeypatch.setattr(waiting_room, "answer", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                waiting.lock("late", ttl=30).acquire(wait=3)
+            monkeypatch.undo()
+            assert room._lent == 0, f"{room._lent} connections still counted as lent"
+            assert kept.closed, "the connection whose answer was in doubt stayed open"

@@ -108,7 +108,12 @@ class WaitingRoom:
                     break
                 conn, unread = self._idle.pop()
                 self._lent += 1
-            if not unread or self._read_answer(conn, deadline):
+            try:
+                answered = not unread or self._read_answer(conn, deadline)
+            except BaseException:
+                self.discard(conn)  # an interrupted read leaves the answer in doubt
+                raise
+            if answered:
                 return conn
             self._returned()
         try:
@@ -117,23 +122,28 @@ class WaitingRoom:
             self._returned()
             raise
 
-    def give_back(self, conn: psycopg.Connection[Any], leaving: Optional[bytes] = None
-                  ) -> None:
-        """Keep ``conn`` for the next waiter, or close it; ``leaving`` is the statement
-        that gives up its place, sent now and its answer read by the next borrower, so
-        the waiter that took the permit is not held up by it."""
+    def give_back(self, conn: psycopg.Connection[Any], asked: bool) -> None:
+        """Keep ``conn`` for the next waiter, or close it. When a place was ``asked`` for
+        on it, it is given up first: sent now and its answer read by the next borrower,
+        so the waiter that took the permit is not held up by it.
+
+        Given up even when the ask said it timed out: the server may grant the lock in
+        the very moment ``lock_timeout`` fires, keep it, and still answer the error.
+        """
         self._returned()
         with self._mutex:
             keep = not self._closed and len(self._idle) < _KEPT_IDLE and not conn.closed
-        if keep and leaving is not None:
+        if keep and asked:
             try:
-                send(conn, leaving, time.monotonic() + _ANSWER_GRACE)
+                # The session's only advisory locks are its place: a line connection
+                # never serves anything else.
+                send(conn, b"SELECT pg_advisory_unlock_all()", time.monotonic() + _ANSWER_GRACE)
             except (psycopg.Error, Late):
                 keep = False
         if keep:
             with self._mutex:
                 if not self._closed:
-                    self._idle.append((conn, leaving is not None))
+                    self._idle.append((conn, asked))
                     return
         close_quietly(conn)  # the session's end gives up any place it held
 
@@ -187,6 +197,7 @@ class Place:
         self._gate = gate
         self._passed_gate = False
         self._conn: Optional[psycopg.Connection[Any]] = None
+        self._asked = False  # a place was asked for on the connection: give it up on leaving
         self.front = False  # holds the name's place: it alone retries on a release
         self.unusable = False  # the line could not be reached: wait as if there were none
 
@@ -205,6 +216,7 @@ class Place:
                     self.unusable = True  # no line to wait in: look now, then wait on releases
                     return False
             conn = self._conn
+            self._asked = True
             ms = max(1, round((deadline - time.monotonic()) * 1000))
             # The session's statement_timeout is the call timeout, which may be shorter.
             send(conn, f"SET lock_timeout = {ms};"
@@ -236,12 +248,8 @@ class Place:
         conn, self._conn = self._conn, None
         try:
             if conn is not None:
-                leaving = None
-                if self.front:
-                    leaving = (f"SELECT pg_advisory_unlock({self._room.line_class},"
-                               f" {self._key})").encode()
                 self.front = False
-                self._room.give_back(conn, leaving)
+                self._room.give_back(conn, self._asked)
         finally:
             if self._passed_gate:
                 self._passed_gate = False
@@ -249,7 +257,7 @@ class Place:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        self.front = False
+        self.front = self._asked = False
         if conn is not None:
             self._room.discard(conn)
 
