@@ -3,7 +3,7 @@
 A release NOTIFYs every client, and each used to send a waiter to try: with waiters in N
 clients, N-1 lost a round trip to the winner on every release (4 contending processes
 made 4.4 attempts per acquisition). These tests run real clients of the tests' own
-server, each with its own engine, as separate processes would be; one test stops a
+pg_server, each with its own engine, as separate processes would be; one test stops a
 real process at the front of the line.
 """
 
@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterator
 
 import pytest
-from pg_server import PgServer, frozen, shared_server, stopped
+from pg_server import PgServer, frozen, stopped
 
 pytest.importorskip("psycopg")
 
@@ -34,16 +34,10 @@ pytestmark = pytest.mark.timeout(90)
 _RELEASES = 20  # wake-ups sent while the others wait
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    with shared_server() as running:
-        yield running
-
-
 @pytest.fixture
-def url(server: PgServer) -> str:
+def url(pg_server: PgServer) -> str:
     """A fresh, empty schema."""
-    return f"{server.url}?schema=line_{secrets.token_hex(6)}"
+    return f"{pg_server.url}?schema=line_{secrets.token_hex(6)}"
 
 
 def _line_class(url: str) -> int:
@@ -55,7 +49,7 @@ def _line_class(url: str) -> int:
         engine.close()
 
 
-def _places(server: PgServer, url: str, granted: bool | None = None) -> int:
+def _places(pg_server: PgServer, url: str, granted: bool | None = None) -> int:
     """Sessions in a line of ``url``'s schema now (at its front when ``granted``)."""
     query = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
              " AND classid = %s::oid")
@@ -63,7 +57,7 @@ def _places(server: PgServer, url: str, granted: bool | None = None) -> int:
     if granted is not None:
         query += " AND granted = %s"
         params.append(granted)
-    with psycopg.connect(server.url, autocommit=True) as conn:
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
         row = conn.execute(query, params).fetchone()
     return int(row[0]) if row else 0
 
@@ -73,6 +67,15 @@ def _until(condition: Any, failure: str, seconds: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, failure
         time.sleep(0.01)
+
+
+def _waited_once(q: qs.Queen, waiting: qs.Queen, name: str) -> tuple[qs.Lock, qs.Lock]:
+    """``q`` holds ``name``; ``waiting`` waited for it once, in line, and gave up."""
+    holder = q.lock(name, ttl=30)
+    assert holder.acquire(), "the holder could not take the lock"
+    lock = waiting.lock(name, ttl=30)
+    assert lock.acquire(wait=0.2) is False, "the lock was free to the waiter"
+    return holder, lock
 
 
 class _Contender:
@@ -122,7 +125,7 @@ def _contenders(url: str, name: str, count: int, **options: Any) -> Iterator[lis
 
 class TestOnlyTheFrontRetries:
     def test_a_release_sends_only_the_front_waiter_of_all_clients_to_try(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         # Releases as waiters see them (a NOTIFY of the name) while nothing is freed: each
         # one sent a waiter of every client to try and fail.
         with qs.Queen(url) as q:
@@ -130,8 +133,8 @@ class TestOnlyTheFrontRetries:
             assert holder.acquire(), "the holder could not take the lock"
             channel = q.engine.storage.sql.channel  # type: ignore[attr-defined]
             with _contenders(url, "held", 3) as waiters, \
-                    psycopg.connect(server.url, autocommit=True) as notifier:
-                _until(lambda: _places(server, url) == 3, "the waiters never lined up")
+                    psycopg.connect(pg_server.url, autocommit=True) as notifier:
+                _until(lambda: _places(pg_server, url) == 3, "the waiters never lined up")
                 before = [w.attempts for w in waiters]
                 for _ in range(_RELEASES):
                     notifier.execute("SELECT pg_notify(%s, 'held')", [channel])
@@ -144,7 +147,7 @@ class TestOnlyTheFrontRetries:
             f"{_RELEASES} releases sent the waiters behind the front to try: {during}")
 
     def test_every_waiter_in_line_gets_the_lock_in_its_turn_with_a_rising_token(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q:
             holder = q.lock("turns", ttl=30)
             assert holder.acquire(), "the holder could not take the lock"
@@ -161,7 +164,7 @@ class TestOnlyTheFrontRetries:
                     waiter.thread.join(10)
         assert first is not None and tokens == sorted(tokens) and tokens[0] > first, (
             f"tokens must rise in the order of the line: first {first}, then {tokens}")
-        _until(lambda: _places(server, url) == 0, "a place in line outlived its waiter")
+        _until(lambda: _places(pg_server, url) == 0, "a place in line outlived its waiter")
 
 
 def _stopped_front(url: str, ready: Any) -> None:
@@ -174,7 +177,7 @@ def _stopped_front(url: str, ready: Any) -> None:
 
 class TestALineHoldsUpNobody:
     def test_a_waiter_behind_a_stopped_front_acquires_within_a_second_of_the_release(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         ctx = multiprocessing.get_context("spawn")
         with qs.Queen(url) as q:
             holder = q.lock("stalled", ttl=30)
@@ -184,12 +187,12 @@ class TestALineHoldsUpNobody:
             front.start()
             try:
                 assert ready.wait(30), "the front process never started"
-                _until(lambda: _places(server, url, granted=True) == 1,
+                _until(lambda: _places(pg_server, url, granted=True) == 1,
                        "the other process never reached the front")
                 assert front.pid is not None
                 os.kill(front.pid, signal.SIGSTOP)
                 with _contenders(url, "stalled", 1) as (behind,):
-                    _until(lambda: _places(server, url) == 2, "the waiter never lined up")
+                    _until(lambda: _places(pg_server, url) == 2, "the waiter never lined up")
                     released = time.monotonic()
                     holder.release()
                     _until(lambda: bool(behind.got), "the waiter behind never acquired", 5.0)
@@ -203,12 +206,12 @@ class TestALineHoldsUpNobody:
         # holder's lease is due); the frozen front cannot hold it longer.
         assert took < 1.6, f"the stopped front held the waiter behind it {took:.2f}s"
 
-    def test_a_wait_in_line_ends_at_its_deadline(self, server: PgServer, url: str) -> None:
+    def test_a_wait_in_line_ends_at_its_deadline(self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q:
             holder = q.lock("deadline", ttl=30)
             assert holder.acquire(), "the holder could not take the lock"
             with _contenders(url, "deadline", 1):
-                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                _until(lambda: _places(pg_server, url, granted=True) == 1, "no front waiter")
                 with qs.Queen(url) as other:
                     started = time.monotonic()
                     got = other.lock("deadline", ttl=30).acquire(wait=0.4)
@@ -217,13 +220,13 @@ class TestALineHoldsUpNobody:
         assert 0.35 < took < 1.0, f"a 0.4 s wait in line took {took:.2f}s"
 
     def test_a_line_connection_cut_by_the_server_leaves_its_waiter_waiting_without_it(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q:
             holder = q.lock("cut", ttl=30)
             assert holder.acquire(), "the holder could not take the lock"
             with _contenders(url, "cut", 2) as waiters:
-                _until(lambda: _places(server, url) == 2, "the waiters never lined up")
-                with psycopg.connect(server.url, autocommit=True) as admin:
+                _until(lambda: _places(pg_server, url) == 2, "the waiters never lined up")
+                with psycopg.connect(pg_server.url, autocommit=True) as admin:
                     cut = admin.execute(
                         "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
                         " WHERE locktype = 'advisory' AND objsubid = 2 AND classid = %s::oid",
@@ -241,38 +244,35 @@ class TestALineHoldsUpNobody:
 
 class TestNoPlaceOutlivesItsWaiter:
     def test_no_place_in_line_is_left_after_waits_that_won_gave_up_or_were_interrupted(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
-            holder = q.lock("left", ttl=30)
-            assert holder.acquire()
-            lock = waiting.lock("left", ttl=30)
-            assert lock.acquire(wait=0.3) is False  # gave up at the front
-            assert _places(server, url) == 0, "a wait that gave up kept its place"
+            holder, lock = _waited_once(q, waiting, "left")  # gave up at the front
+            assert _places(pg_server, url) == 0, "a wait that gave up kept its place"
             with _contenders(url, "left", 1):
-                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                _until(lambda: _places(pg_server, url, granted=True) == 1, "no front waiter")
                 # Interrupted behind the front, inside pg_advisory_lock.
                 timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
                 timer.start()
                 with pytest.raises(KeyboardInterrupt):
                     lock.acquire(wait=10)
                 timer.join()
-                _until(lambda: _places(server, url) == 1,
+                _until(lambda: _places(pg_server, url) == 1,
                        "an interrupted waiter kept its place in line")
                 holder.release()
-            _until(lambda: _places(server, url) == 0, "a waiter that won kept its place")
+            _until(lambda: _places(pg_server, url) == 0, "a waiter that won kept its place")
             # The client waits in line again, on the connections it kept.
             assert holder.acquire()
             waited = threading.Thread(target=lambda: lock.acquire(wait=10), daemon=True)
             waited.start()
-            _until(lambda: _places(server, url, granted=True) == 1, "no wait in line again")
+            _until(lambda: _places(pg_server, url, granted=True) == 1, "no wait in line again")
             holder.release()
             waited.join(10)
             assert lock.held, "the waiter did not get the lock after waiting in line again"
             lock.release()
-        _until(lambda: _places(server, url) == 0, "a place outlived its client")
+        _until(lambda: _places(pg_server, url) == 0, "a place outlived its client")
 
     def test_closing_a_client_closes_the_connections_its_waiters_kept(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q:
             holder = q.lock("kept", ttl=30)
             assert holder.acquire()
@@ -287,7 +287,7 @@ class TestNoPlaceOutlivesItsWaiter:
 
 class TestConnectionsPerClient:
     def test_threads_of_one_client_wait_on_one_connection_per_name_and_a_few_in_all(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         names = [f"n{i}" for i in range(12)]
         with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
             holders = [q.lock(name, ttl=30) for name in names]
@@ -305,7 +305,7 @@ class TestConnectionsPerClient:
             for thread in threads:
                 thread.start()
             time.sleep(1.0)
-            in_line = _places(server, url)
+            in_line = _places(pg_server, url)
             for holder in holders:
                 holder.release()
             for thread in threads:
@@ -317,12 +317,10 @@ class TestConnectionsPerClient:
 
 class TestFork:
     def test_a_forked_child_waits_in_line_on_a_connection_of_its_own(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         with qs.Queen(url) as q, qs.Queen(url, renew_thread=False) as waiting:
-            holder = q.lock("forked", ttl=30)
-            assert holder.acquire()
-            lock = waiting.lock("forked", ttl=30)
-            assert lock.acquire(wait=0.2) is False  # the client now keeps a line connection
+            # The client now keeps a line connection.
+            holder, lock = _waited_once(q, waiting, "forked")
             pid = os.fork()
             if pid == 0:  # the child: its wait must not use the parent's session
                 code = 1
@@ -362,10 +360,10 @@ class _Heartbeat:
 
 class TestAStalledServerHoldsUpNoWaitInLine:
     def test_a_place_given_up_on_a_stalled_session_delays_neither_the_next_wait_nor_the_process(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         # The front gives up its place without waiting for the answer; the next wait on
         # that connection read the answer inside the driver, holding the GIL: a stopped
-        # server process froze the whole client until it resumed (8 s of 8 s in 3 of 3).
+        # pg_server process froze the whole client until it resumed (8 s of 8 s in 3 of 3).
         with qs.Queen(url, renew_thread=False) as q, \
                 qs.Queen(url, renew_thread=False) as waiting:
             holder = q.lock("stalled-answer", ttl=30)
@@ -375,8 +373,8 @@ class TestAStalledServerHoldsUpNoWaitInLine:
             thread = threading.Thread(target=lambda: done.append(front.acquire(wait=20)),
                                       daemon=True)
             thread.start()
-            _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
-            with psycopg.connect(server.url, autocommit=True) as admin:
+            _until(lambda: _places(pg_server, url, granted=True) == 1, "no front waiter")
+            with psycopg.connect(pg_server.url, autocommit=True) as admin:
                 row = admin.execute(
                     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
                     " AND classid = %s::oid AND granted", [_line_class(url)]).fetchone()
@@ -397,9 +395,9 @@ class TestAStalledServerHoldsUpNoWaitInLine:
         assert gap < 0.5, f"the whole process stood still for {gap:.2f}s"
 
     def test_a_client_closed_while_the_server_is_stopped_leaves_no_wait_in_line_past_its_end(
-            self, server: PgServer, url: str) -> None:
+            self, pg_server: PgServer, url: str) -> None:
         # close() stopped the watchdog that bounded a wait inside pg_advisory_lock; on a
-        # stopped server lock_timeout never fires, so the wait lasted until it resumed.
+        # stopped pg_server lock_timeout never fires, so the wait lasted until it resumed.
         with qs.Queen(url) as q:
             holder = q.lock("closing", ttl=30)
             assert holder.acquire()
@@ -413,13 +411,13 @@ class TestAStalledServerHoldsUpNoWaitInLine:
                     outcomes.append(type(exc).__name__)
 
             with _contenders(url, "closing", 1):  # another client at the front
-                _until(lambda: _places(server, url, granted=True) == 1, "no front waiter")
+                _until(lambda: _places(pg_server, url, granted=True) == 1, "no front waiter")
                 threads = [threading.Thread(target=wait, daemon=True) for _ in range(2)]
                 for thread in threads:
                     thread.start()
-                _until(lambda: _places(server, url) == 2, "no waiter inside pg_advisory_lock")
+                _until(lambda: _places(pg_server, url) == 2, "no waiter inside pg_advisory_lock")
                 time.sleep(0.3)  # the second waits behind the first in the process's gate
-                with frozen(server):
+                with frozen(pg_server):
                     started = time.monotonic()
                     closer = threading.Thread(target=waiting.close, daemon=True)
                     closer.start()
@@ -434,8 +432,8 @@ class TestAStalledServerHoldsUpNoWaitInLine:
 
 class TestAPlaceInDoubtIsGivenUp:
     def test_a_place_granted_as_its_wait_timed_out_is_given_up_when_its_waiter_leaves(
-            self, server: PgServer, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        # The server may grant the lock in the moment lock_timeout fires, keep it and still
+            self, pg_server: PgServer, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        # The pg_server may grant the lock in the moment lock_timeout fires, keep it and still
         # answer 55P03 (2 in 15 s of churn): the waiter, told it timed out, kept the place
         # on an idle connection, and every later hand-off of the name took 0.7 s.
         from queen_sync._engines.postgres import waiting_room
@@ -452,15 +450,15 @@ class TestAPlaceInDoubtIsGivenUp:
                 place.take(0.5)
                 monkeypatch.setattr(waiting_room, "answer", real_answer)
                 assert not place.front, "setup: the waiter was not told it timed out"
-                assert _places(server, url, granted=True) == 1, "setup: no place held"
-            _until(lambda: _places(server, url) == 0,
+                assert _places(pg_server, url, granted=True) == 1, "setup: no place held"
+            _until(lambda: _places(pg_server, url) == 0,
                    "a place granted as its wait timed out outlived its waiter")
         finally:
             engine.close()
 
     def test_an_interrupt_while_reading_a_given_up_place_leaves_no_connection_counted_or_open(
             self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        # A Ctrl-C in the read of a place given up (its answer late, from a stalled server
+        # A Ctrl-C in the read of a place given up (its answer late, from a stalled pg_server
         # process) kept the connection open and counted: after eight, the client had no
         # line left to wait in, for good.
         from queen_sync._engines.postgres import waiting_room
