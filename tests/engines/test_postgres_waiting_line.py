@@ -10,13 +10,15 @@ real process at the front of the line.
 from __future__ import annotations
 
 import contextlib
+import dis
 import multiprocessing
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from pg_server import PgServer, frozen, stopped
@@ -480,3 +482,53 @@ class TestAPlaceInDoubtIsGivenUp:
             monkeypatch.undo()
             assert room._lent == 0, f"{room._lent} connections still counted as lent"
             assert kept.closed, "the connection whose answer was in doubt stayed open"
+
+
+def _interrupting_at(code: Any, offset: int) -> Callable[..., Any]:
+    """A trace function raising KeyboardInterrupt at bytecode ``offset`` of ``code``, once."""
+    fired: list[bool] = []
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        frame.f_trace_opcodes = True
+
+        def opcodes(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode" and frame.f_lasti == offset and not fired:
+                fired.append(True)
+                raise KeyboardInterrupt
+            return opcodes
+        return opcodes
+    return calls
+
+
+class TestAnInterruptAnywhereInATake:
+    def test_an_interrupt_at_any_bytecode_of_a_take_leaves_the_gate_to_the_next_thread(
+            self, url: str) -> None:
+        # Between the gate's acquire returning and its being recorded, an interrupt kept the
+        # gate shut: the client's other threads on the name stopped lining up.
+        from queen_sync._engines.postgres.waiting_room import Place
+
+        code = Place.take.__code__
+        offsets = [i.offset for i in dis.get_instructions(code)]
+        engine = PostgresEngine.from_url(url)
+        shut: list[int] = []
+        try:
+            room = engine._room
+            for offset in offsets:
+                with room.line("gate") as other:  # another thread's place on the name
+                    with contextlib.suppress(KeyboardInterrupt), room.line("gate") as place:
+                        sys.settrace(_interrupting_at(code, offset))
+                        try:
+                            place.take(0.2)
+                        finally:
+                            sys.settrace(None)
+                    other.take(0.2)
+                    if not (other.front or other.unusable):
+                        shut.append(offset)
+                assert room._lent == 0, f"a connection stayed counted at offset {offset}"
+                assert not room._gates, f"a gate outlived its places at offset {offset}"
+        finally:
+            engine.close()
+        assert not shut, (
+            f"an interrupt at bytecode {shut} of {len(offsets)} left the name's gate shut")

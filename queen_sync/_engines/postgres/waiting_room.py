@@ -70,7 +70,7 @@ class WaitingRoom:
         self.line_class = signed32(zlib.crc32(f"queen_sync-line:{schema}".encode()))
         self._idle: list[tuple[psycopg.Connection[Any], bool]] = []  # (conn, answer unread)
         self._lent = 0  # connections waiters hold now
-        self._gates: dict[str, tuple[threading.Lock, int]] = {}  # name -> (gate, places)
+        self._gates: dict[str, tuple[Gate, int]] = {}  # name -> (gate, places)
         self._mutex = threading.Lock()
         self._closed = False
 
@@ -78,7 +78,7 @@ class WaitingRoom:
     def line(self, name: str) -> Iterator[Place]:
         """A waiter's place in the line of lock ``name``, left (and given up) on exit."""
         with self._mutex:
-            gate, places = self._gates.get(name, (threading.Lock(), 0))
+            gate, places = self._gates.get(name, (Gate(), 0))
             self._gates[name] = (gate, places + 1)
         place = Place(self, entity_key(f"L{name}"), gate)
         try:
@@ -94,9 +94,13 @@ class WaitingRoom:
                     else:
                         del self._gates[name]
 
-    def borrow(self, deadline: float) -> Optional[psycopg.Connection[Any]]:
-        """An idle connection holding no place, a new one, or None when this client waits
-        on as many as it may (driver errors propagate)."""
+    def lend(self, place: Place, deadline: float) -> Optional[psycopg.Connection[Any]]:
+        """Give ``place`` an idle connection holding no place, or a new one; None when
+        this client waits on as many as it may (driver errors propagate).
+
+        The connection is recorded on the place as it is counted, so however the caller
+        is interrupted, leaving the place gives it back.
+        """
         while True:
             with self._mutex:
                 if self._closed:
@@ -108,19 +112,23 @@ class WaitingRoom:
                     break
                 conn, unread = self._idle.pop()
                 self._lent += 1
+                place.conn = conn
             try:
                 answered = not unread or self._read_answer(conn, deadline)
             except BaseException:
+                place.conn = None
                 self.discard(conn)  # an interrupted read leaves the answer in doubt
                 raise
             if answered:
                 return conn
+            place.conn = None
             self._returned()
         try:
-            return self._connect(deadline)
+            place.conn = self._connect(deadline)
         except BaseException:
             self._returned()
             raise
+        return place.conn
 
     def give_back(self, conn: psycopg.Connection[Any], asked: bool) -> None:
         """Keep ``conn`` for the next waiter, or close it. When a place was ``asked`` for
@@ -184,6 +192,36 @@ class WaitingRoom:
         detach([conn for conn, _unread in idle])
 
 
+class Gate:
+    """Lets one place of a name at a time through to the database, in this process.
+
+    It records which place it let through, rather than the place recording that it
+    passed: however a waiter is interrupted, the gate is open again once it leaves.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._through: Optional[Place] = None
+
+    def passed(self, place: Place) -> bool:
+        return self._through is place
+
+    def enter(self, place: Place, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds to let ``place`` through; True once it is."""
+        with self._cond:
+            if self._through is not place:
+                if not self._cond.wait_for(lambda: self._through is None, max(0.0, timeout)):
+                    return False
+                self._through = place
+            return True
+
+    def leave(self, place: Place) -> None:
+        with self._cond:
+            if self._through is place:
+                self._through = None
+                self._cond.notify()
+
+
 class Place:
     """One waiter's place in one name's line: ``take`` waits for the front.
 
@@ -191,12 +229,11 @@ class Place:
     waits in the database), then the name's line in the database.
     """
 
-    def __init__(self, room: WaitingRoom, key: int, gate: threading.Lock) -> None:
+    def __init__(self, room: WaitingRoom, key: int, gate: Gate) -> None:
         self._room = room
         self._key = key
         self._gate = gate
-        self._passed_gate = False
-        self._conn: Optional[psycopg.Connection[Any]] = None
+        self.conn: Optional[psycopg.Connection[Any]] = None  # lent by the room
         self._asked = False  # a place was asked for on the connection: give it up on leaving
         self.front = False  # holds the name's place: it alone retries on a release
         self.unusable = False  # the line could not be reached: wait as if there were none
@@ -205,17 +242,13 @@ class Place:
         """Wait up to ``timeout`` seconds for the front of the line; False in any case,
         since reaching it is no release (see ``base.Waiter``): the caller looks next."""
         deadline = time.monotonic() + max(0.0, timeout)
-        if not self._passed_gate:
-            self._passed_gate = self._gate.acquire(timeout=max(0.0, timeout))
-            if not self._passed_gate:
-                return False
+        if not self._gate.enter(self, timeout):
+            return False
         try:
-            if self._conn is None:
-                self._conn = self._room.borrow(deadline + _WAIT_SLACK)
-                if self._conn is None:
-                    self.unusable = True  # no line to wait in: look now, then wait on releases
-                    return False
-            conn = self._conn
+            conn = self.conn or self._room.lend(self, deadline + _WAIT_SLACK)
+            if conn is None:
+                self.unusable = True  # no line to wait in: look now, then wait on releases
+                return False
             self._asked = True
             ms = max(1, round((deadline - time.monotonic()) * 1000))
             # The session's statement_timeout is the call timeout, which may be shorter.
@@ -245,18 +278,16 @@ class Place:
 
     def leave(self) -> None:
         """Give up the place (if at the front), the connection and the gate."""
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         try:
             if conn is not None:
                 self.front = False
                 self._room.give_back(conn, self._asked)
         finally:
-            if self._passed_gate:
-                self._passed_gate = False
-                self._gate.release()
+            self._gate.leave(self)
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         self.front = self._asked = False
         if conn is not None:
             self._room.discard(conn)
