@@ -25,10 +25,11 @@ import select
 import threading
 import time
 import zlib
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional
 
 import psycopg
 
+from ..base import Waiter
 from .pool import detach
 from .sql import signed32
 from .txn import entity_key
@@ -203,9 +204,6 @@ class Gate:
         self._cond = threading.Condition(threading.Lock())
         self._through: Optional[Place] = None
 
-    def passed(self, place: Place) -> bool:
-        return self._through is place
-
     def enter(self, place: Place, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds to let ``place`` through; True once it is."""
         with self._cond:
@@ -346,10 +344,6 @@ def close_quietly(conn: psycopg.Connection[Any]) -> None:
         conn.close()
 
 
-class Woken(Protocol):
-    def wait(self, timeout: float) -> bool: ...
-
-
 class WaiterInLine:
     """A waiter that sleeps on LISTEN once at the front of its name's line, in line before.
 
@@ -358,7 +352,7 @@ class WaiterInLine:
     releases.
     """
 
-    def __init__(self, woken: Woken, place: Place) -> None:
+    def __init__(self, woken: Waiter, place: Place) -> None:
         self._woken = woken
         self._place = place
 
