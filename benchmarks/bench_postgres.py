@@ -76,7 +76,6 @@ def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
     """
     from queen_sync._engines.postgres import pipeline
     from queen_sync._engines.postgres.scripted import one_trip_script
-    from queen_sync._engines.postgres.sql import ASYNC_COMMIT
     from queen_sync._engines.postgres.txn import entity_key
 
     storage: Any = q.engine.storage  # type: ignore[attr-defined]
@@ -92,9 +91,9 @@ def replayed_pair(q: qs.Queen, url: str) -> Iterator[Callable[[], None]]:
         def replay_pair() -> None:
             cells = pipeline.send(cur, acquire)[-1][0][:3]
             now, key, token = int(cells[0] or 0), (cells[1] or b"").decode(), int(cells[2] or 0)
-            guard = (sql.guard_row, ("queen-locks", key, token, now + 30_000, now, now, None, now))
-            pipeline.send(cur, [(ASYNC_COMMIT, ()), lock, guard, (sql.delete, ("queen-locks", key)),
-                                (sql.notify, (sql.channel, "replayed"))])
+            pipeline.send(cur, [(sql.lock_no_wait, lock[1]), (
+                sql.guarded_delete_notify, ("queen-locks", key, token, now + 30_000, now, now,
+                                            None, now, sql.channel, "replayed"))])
 
         yield replay_pair
 

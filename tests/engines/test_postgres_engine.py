@@ -662,7 +662,7 @@ class TestOneTripBodies:
         assert release(engine, "one", held) == {"released": True}
         assert len(scripts) == 1, scripts
         assert "BEGIN" not in scripts[0], f"one implicit transaction: {scripts}"
-        assert "qs_guard_row" in scripts[0] and "qs_delete" in scripts[0], scripts
+        assert "qs_guarded_delete" in scripts[0], scripts
         with contextlib.closing(PostgresEngine.from_url(url)) as other:
             assert acquire(other, "one", "b")["acquired"], "the permit was not freed"
 
@@ -751,7 +751,7 @@ class TestReleasingWithThePreviousToken:
         previous = self._renewed_unseen(engine, "one")
         scripts.clear()
         one_trip = release(engine, "one", previous)
-        assert any("qs_guard_row" in s for s in scripts), f"not the one-trip path: {scripts}"
+        assert any("qs_guarded_delete" in s for s in scripts), f"not the one-trip path: {scripts}"
         assert one_trip == expected, f"one trip {one_trip}, the reference engine {expected}"
         previous = self._renewed_unseen(engine, "two")
         with contextlib.closing(PostgresEngine.from_url(url)) as forgetful:

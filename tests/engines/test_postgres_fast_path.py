@@ -276,7 +276,7 @@ class TestAnOutcomeLeftOpen:
     def test_an_acquire_whose_connection_broke_after_it_committed_is_answered_on_the_retry(
             self, engine: PostgresEngine, monkeypatch: pytest.MonkeyPatch) -> None:
         """The statement ran and committed, then the connection died before the answer."""
-        broke = cut_after_first(monkeypatch, "qs_acquire_scripted")
+        broke = cut_after_first(monkeypatch, "qs_acquire_alone_scripted")
         answer = _acquire(engine, "me")
         assert broke, "the one-statement acquire never ran"
         assert answer["acquired"] and answer.get("already") is True, (
@@ -322,7 +322,7 @@ class TestFencesStillHoldOffATakeover:
             successor = threading.Thread(target=lambda: taken.append(_acquire(engine, "next")))
             successor.start()
             while not admin.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type ="
-                                    " 'Lock' AND query LIKE '%%qs_acquire_scripted%%'"
+                                    " 'Lock' AND query LIKE '%%qs_acquire_alone_scripted%%'"
                                     ).fetchall():
                 assert successor.is_alive() and not taken, (
                     f"the takeover did not wait for the fence: {taken}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from ..._ops import LOCKS_NS
 from ..storage import Row
@@ -102,7 +102,7 @@ class GuardedTxn:
         self._now = now_ms
         self._entities = set(entities)
         self._rows: dict[tuple[str, str], Optional[Row]] = {}
-        self._guards: list[Statement] = []
+        self._guards: dict[tuple[str, str], Statement] = {}
         self._writes: list[Statement] = []
         self.unplanned: set[str] = set()
 
@@ -119,7 +119,7 @@ class GuardedTxn:
             return self._rows[(ns, key)]
         row = self._seen.lookup(ns, key)
         self._entities.add(entity_of(ns, key))
-        self._guards.append(
+        self._guards[(ns, key)] = (
             (self._sql.guard_absent, (ns, key)) if row is None else
             (self._sql.guard_row, (ns, key, row.version, row.expires_at, row.created_at,
                                    row.updated_at, row.prev_version, self._now)))
@@ -149,13 +149,33 @@ class GuardedTxn:
         return self._rows
 
     def commit_script(self) -> list[Statement]:
-        """The locks in the one fixed order, the guards, the deletes.
+        """The locks in the one fixed order, the guards, the deletes and NOTIFYs.
 
-        Sent as one query string with no BEGIN: PostgreSQL runs it as one implicit
+        Sent as one pipeline with no BEGIN: PostgreSQL runs it as one implicit
         transaction, which commits at its end, and which a failed guard rolls back
-        without a ROLLBACK costing another round trip.
+        without a ROLLBACK costing another round trip. A deleted row's guard goes with
+        its delete, and a NOTIFY right after it with both: the server's cost is mostly
+        per statement, and every row a body deletes it has read.
         """
+        sql = self._sql
+        locks = lock_statements(sql, self._entities)
         # Only a body of releases runs here, so its commit need not wait for the disk.
-        script: list[Statement] = [(ASYNC_COMMIT, ())]
-        script += lock_statements(self._sql, self._entities)
-        return [*script, *self._guards, *self._writes]
+        script: list[Statement] = (
+            [(sql.lock_no_wait, locks[0][1])] if len(locks) == 1 and locks[0][0] == sql.lock
+            else [(ASYNC_COMMIT, ()), *locks])
+        guards = dict(self._guards)
+        fused: dict[tuple[Any, ...], Sequence[Any]] = {}
+        for query, params in self._writes:
+            guard = guards.get((params[0], params[1])) if query == sql.delete else None
+            if guard is not None and guard[0] == sql.guard_row:
+                fused[tuple(params)] = guard[1]
+                del guards[(params[0], params[1])]
+        script += guards.values()
+        for query, params in self._writes:
+            if query == sql.delete and tuple(params) in fused:
+                script.append((sql.guarded_delete, fused.pop(tuple(params))))
+            elif query == sql.notify and script[-1][0] == sql.guarded_delete:
+                script[-1] = (sql.guarded_delete_notify, (*script[-1][1], *params))
+            else:
+                script.append((query, params))
+        return script

@@ -96,9 +96,10 @@ def one_trip_script(sql: Statements, op: Mapping[str, Any]) -> list[Statement]:
     locks = lock_statements(sql, ["L" + name])
     ttl_ms = int(op.get("ttlSeconds", 0)) * 1000
     if op["op"] == "acquire":
-        value = _permit_json(op["owner"], op.get("limit", 1))
-        return [*locks, (sql.acquire_scripted,
-                         (*bounds, op.get("limit", 1), op["owner"], value, ttl_ms))]
+        limit = op.get("limit", 1)
+        value = _permit_json(op["owner"], limit)
+        statement = sql.acquire_alone_scripted if limit == 1 else sql.acquire_scripted
+        return [*locks, (statement, (*bounds, limit, op["owner"], value, ttl_ms))]
     if op["op"] == "renew":
         return [*locks, (sql.renew_scripted, (*bounds, permit_key(name, op["slot"]),
                                               op["token"], op.get("owner"), ttl_ms))]

@@ -36,6 +36,14 @@ SESSION_PLANNER = "SET enable_bitmapscan = off; SET jit = off"
 # would read the snapshot taken as the lock was asked for, before the commits it waited out.
 SESSION_ISOLATION = "SET default_transaction_isolation = 'read committed'"
 _ROW_TYPES = "text, text, json, bigint, bigint, bigint, bigint, bigint"
+# A row still exactly as remembered ($1-$7), and live or expired alike at the database's
+# clock and at the estimate the body decided on ($8).
+_GUARD_TYPES = "text, text, bigint, bigint, bigint, bigint, bigint, bigint"
+_GUARDED = (
+    "ns = $1 AND key = $2 AND version = $3 AND expires_at IS NOT DISTINCT FROM $4"
+    " AND created_at = $5 AND updated_at = $6 AND prev_version IS NOT DISTINCT FROM $7"
+    f" AND (expires_at IS NULL OR expires_at > ({CLOCK}))"
+    " = (expires_at IS NULL OR expires_at > $8)")
 _ROW_ARRAYS = ", ".join(f"{t}[]" for t in _ROW_TYPES.split(", "))
 # At most this many rows' updates go in one statement: a transaction holds a bounded
 # number of operations anyway, and a body of many key/value writes stays a few statements.
@@ -187,13 +195,18 @@ class Statements:
             "notify": ("text, text", "SELECT pg_notify($1, $2)"),
             # Guards of a remembered read: divide by zero (failing the transaction) unless
             # the row is still as remembered, judged live or expired alike at both clocks.
-            "guard_row": ("text, text, bigint, bigint, bigint, bigint, bigint, bigint",
-                          f"SELECT 1 / count(*) FROM {kv} WHERE ns = $1 AND key = $2"
-                          " AND version = $3 AND expires_at IS NOT DISTINCT FROM $4"
-                          " AND created_at = $5 AND updated_at = $6"
-                          " AND prev_version IS NOT DISTINCT FROM $7"
-                          f" AND (expires_at IS NULL OR expires_at > ({CLOCK}))"
-                          " = (expires_at IS NULL OR expires_at > $8)"),
+            "guard_row": (_GUARD_TYPES, f"SELECT 1 / count(*) FROM {kv} WHERE {_GUARDED}"),
+            # A guard and the delete of the row it guards, as one statement; and with the
+            # NOTIFY of the name it frees ($9 the channel, $10 the name).
+            "guarded_delete": (_GUARD_TYPES, f"WITH d AS (DELETE FROM {kv} WHERE {_GUARDED}"
+                               " RETURNING 1) SELECT 1 / count(*) FROM d"),
+            "guarded_delete_notify": (f"{_GUARD_TYPES}, text, text",
+                                      f"WITH d AS (DELETE FROM {kv} WHERE {_GUARDED}"
+                                      " RETURNING 1) SELECT 1 / count(*), pg_notify($9, $10)"
+                                      " FROM d"),
+            # ``ASYNC_COMMIT`` and an entity's lock in one statement, for a body of releases.
+            "lock_no_wait": ("int, int", "SELECT set_config('synchronous_commit', 'off', true),"
+                             " pg_advisory_xact_lock($1, $2)"),
             "guard_absent": ("text, text", f"SELECT 1 / (1 - count(*)) FROM {kv}"
                              " WHERE ns = $1 AND key = $2"),
         }
@@ -223,8 +236,12 @@ class Statements:
     notify: str
     guard_row: str
     guard_absent: str
+    guarded_delete: str
+    guarded_delete_notify: str
+    lock_no_wait: str
     # The one-trip lock calls (``scripted_sql``).
     acquire_scripted: str
+    acquire_alone_scripted: str
     renew_scripted: str
     renew_many: str
     peek: str
