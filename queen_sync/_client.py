@@ -461,7 +461,7 @@ class Queen:
         if held or self.renewer.watching_strays:
             # Batches stop starting at the deadline; the one in flight then is cut loose.
             tally = GiveBack(len(held))
-            _bounded(lambda: self.renewer.give_back(held, tally, deadline),
+            _bounded(lambda: self.renewer.give_back(held, tally, deadline, losing="closed"),
                      max(0.0, deadline - time.monotonic()))
             if tally.left:
                 log.warning("%s", tally.summary(f"closing {self.url} within {timeout:g}s"))

@@ -84,7 +84,7 @@ class LockBusyError(LockNotHeldError):
 
 
 class LockLostError(LockError):
-    """The lock was held by this handle and is gone (``reason``: renew, guard, expired)."""
+    """The lock was held by this handle and is gone (``reason``: renew, guard, expired, closed)."""
 
     reason: Optional[str]
     token: Optional[int]

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 OUTCOMES = (
     "acquired", "busy", "renewed", "renew_error", "lost_renew", "lost_guard", "lost_expired",
+    "lost_closed",
     "released",
 )
 TIMINGS = ("acquire_wait_seconds", "acquire_gave_up_seconds", "renew_rtt_seconds")

@@ -12,7 +12,7 @@ import queen_sync as qs
 from queen_sync.testing import FaultyEngine
 
 OUTCOMES = {"acquired", "busy", "renewed", "renew_error", "lost_renew", "lost_guard",
-            "lost_expired", "released"}
+            "lost_expired", "lost_closed", "released"}
 
 
 def _counts(q: qs.Queen) -> dict[str, int]:

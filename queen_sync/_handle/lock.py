@@ -707,14 +707,22 @@ class Lock:
         if counted:
             self._client.metrics.held(-1)
 
-    def begin_release(self) -> Optional[dict[str, Any]]:
+    def begin_release(self, *, losing: Optional[str] = None) -> Optional[dict[str, Any]]:
         """Stop holding, for a release sent in a batch: the op to send (None: nothing held).
 
         As ``release()``, but the caller has claimed the call (``try_begin_call``) and
         sends the op with others, then hands the answer to ``end_release``. Until it
         does, the permit counts as one whose release raised: ``release()`` retries it.
+
+        With ``losing`` (a reason: ``close()`` gives the leases back), a lease that a
+        block or ``run()`` still runs under is marked lost for it, before the op is sent:
+        once given back, the permit may be another's while the body goes on.
         """
-        token, slot = self._take_token()
+        handlers: Optional[list[Callable[[str], Any]]] = None
+        if losing is not None and self._blocks > 0:
+            token, slot, handlers = self._take_token_lost(losing)
+        else:
+            token, slot = self._take_token()
         self._client.renewer.unregister(self)  # after: as in ``release``, for a fork between
         if token is not None:
             self._client.metrics.held(-1)
@@ -723,6 +731,13 @@ class Lock:
         else:
             return None
         self._unreleased = (token, slot)
+        if handlers is not None and losing is not None:
+            # After the permit is noted for ``release()``: telling of the loss never keeps
+            # it from being given back.
+            try:
+                self._announce_lost(losing, handlers)
+            except Exception:
+                log.exception("could not tell the handlers of lock %r of its loss", self.name)
         return self._release_op(token, slot)
 
     def end_release(self, answer: dict[str, Any]) -> bool:
@@ -764,6 +779,17 @@ class Lock:
             self._token = None
         return token, slot
 
+    def _take_token_lost(self, reason: str) -> tuple[
+            Optional[int], Optional[int], Optional[list[Callable[[str], Any]]]]:
+        """``_take_token``, the lease marked lost for ``reason`` in the same step; the
+        handlers to tell (None when nothing was held)."""
+        with self._state:
+            token, slot = self._token, self._slot
+            self._token = None
+            if token is None:
+                return None, None, None
+            return token, slot, self._set_lost(reason)
+
     def _give_back(self, token: int, slot: Optional[int]) -> bool:
         answer = self._client.call_locks([self._release_op(token, slot)])[0]
         if lock_verdict(answer, "released"):
@@ -801,11 +827,18 @@ class Lock:
                 return
             self._token = None
             self._client.renewer.unregister(self)
-            self.lost_reason = reason
-            self.lost.set()
-            # With ``lost``: a handler added after this runs from ``on_lost``, not twice.
-            handlers = list(self._handlers)
+            handlers = self._set_lost(reason)
         self._client.metrics.held(-1)
+        self._announce_lost(reason, handlers)
+
+    def _set_lost(self, reason: str) -> list[Callable[[str], Any]]:
+        """Under the state lock: ``lost`` set for ``reason``; the handlers to call for it."""
+        self.lost_reason = reason
+        self.lost.set()
+        # With ``lost``: a handler added after this runs from ``on_lost``, not twice.
+        return list(self._handlers)
+
+    def _announce_lost(self, reason: str, handlers: list[Callable[[str], Any]]) -> None:
         self._client.metrics.count(f"lost_{reason}")
         log.warning("lock %r lost (%s); owner %s", self.name, reason, self.owner)
         for handler in handlers:

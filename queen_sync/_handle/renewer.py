@@ -344,9 +344,11 @@ class Renewer:
         """Whether ``give_back`` has stray permits to look for, even with nothing held."""
         return bool(self._strays)
 
-    def give_back(self, locks: list[Lock], tally: GiveBack,
-                  deadline: float = float("inf")) -> GiveBack:
+    def give_back(self, locks: list[Lock], tally: GiveBack, deadline: float = float("inf"),
+                  losing: Optional[str] = None) -> GiveBack:
         """Release ``locks`` in batches of ``RELEASES_PER_CALL``, starting none past ``deadline``.
+
+        ``losing``: the reason a lease still in use by a block is lost (``begin_release``).
 
         Then, within the same ``deadline``, the permits late first sends of acquires took
         for handles holding nothing (``watch_for_strays``). ``deadline`` is on
@@ -356,7 +358,7 @@ class Renewer:
         for start in range(0, len(locks), RELEASES_PER_CALL):
             if time.monotonic() >= deadline:
                 break
-            self._give_back_batch(locks[start:start + RELEASES_PER_CALL], tally)
+            self._give_back_batch(locks[start:start + RELEASES_PER_CALL], tally, losing)
         self._give_back_strays(deadline)
         return tally
 
@@ -374,13 +376,14 @@ class Renewer:
             finally:
                 lock.end_call()
 
-    def _give_back_batch(self, locks: list[Lock], tally: GiveBack) -> None:
+    def _give_back_batch(self, locks: list[Lock], tally: GiveBack,
+                         losing: Optional[str]) -> None:
         claimed: list[Lock] = []
         busy: list[Lock] = []
         for lock in locks:
             (claimed if lock.try_begin_call() else busy).append(lock)
         try:
-            pairs = self._release_ops(claimed, tally)
+            pairs = self._release_ops(claimed, tally, losing)
             if pairs:
                 self._send_releases(pairs, tally)
         finally:
@@ -394,7 +397,8 @@ class Renewer:
                 tally.error = exc
 
     @staticmethod
-    def _release_ops(claimed: list[Lock], tally: GiveBack) -> list[tuple[Lock, dict[str, Any]]]:
+    def _release_ops(claimed: list[Lock], tally: GiveBack, losing: Optional[str]
+                     ) -> list[tuple[Lock, dict[str, Any]]]:
         """The release op of each lease of ``claimed`` that holds, each with its lease.
 
         A handle whose op cannot be built (set to garbage) is counted in ``tally`` and
@@ -403,7 +407,7 @@ class Renewer:
         pairs = []
         for lock in claimed:
             try:
-                op = lock.begin_release()
+                op = lock.begin_release(losing=losing)
             except Exception as exc:
                 tally.error = exc
                 continue
