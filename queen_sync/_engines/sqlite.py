@@ -412,6 +412,7 @@ class SqliteStorage:
         self._synchronous = synchronous
         self._clock = clock
         self._mutex = threading.Lock()
+        self._closed = False
         self._calls = 0
         self._identity: Optional[tuple[int, int]] = None
         self._sides: SideFiles = ()
@@ -691,11 +692,21 @@ class SqliteStorage:
 
     def _connection(self) -> sqlite3.Connection:
         """The open connection, made first if there is none (the caller holds the mutex)."""
+        if self._closed:
+            raise self._closed_error()
         if self._conn is None:
             self._conn = self._connect()
         return self._conn
 
+    def _closed_error(self) -> EngineError:
+        return EngineError(f"the SQLite store {self.path} was closed by its client; the call "
+                           "took no effect")
+
     def _commit(self, txn: _SqliteTxn) -> None:
+        # A call that waited out another process's write while its client closed commits
+        # nothing: its client, closed, would refuse to give back what it took.
+        if self._closed:
+            raise self._closed_error()
         self._calls += 1
         if self._calls % _SWEEP_EVERY == 0:
             txn.sweep(txn.now_ms())
@@ -729,6 +740,8 @@ class SqliteStorage:
                     release_anchor(anchor)
 
     def close(self) -> None:
+        # Marked first: a call queued on the mutex, or inside it, then takes no effect.
+        self._closed = True
         # Closed before it leaves _LIVE, both under the mutex: a fork meanwhile waits for the
         # mutex, so it never carries this connection, half closed, into the child.
         if self._mutex.acquire(timeout=_CLOSE_WAIT):

@@ -124,6 +124,24 @@ class TestCloseWhileAnotherProcessWrites:
         assert took < 3.5, f"close(timeout=1) took {took:.1f}s while another process wrote"
         assert outcome and outcome[0] is not True, "an acquire landing after close() held"
 
+    def test_acquires_queued_behind_the_waiting_one_take_nothing_once_it_is_closed(
+            self, sqlite_url: str, write_lock_holder: Any) -> None:
+        """Calls of other threads queued on the store's mutex when close() returns run
+        after it: each must find the store closed, not open it again and take a permit
+        that its client, closed, then refuses to give back."""
+        q = qs.Queen(sqlite_url)
+        write_lock_holder(2.0)
+        names = [f"queued-{i}" for i in range(4)]
+        takers = [acquiring_in_thread(q.lock(name, ttl=60)) for name in names]
+        time.sleep(0.3)  # one waits for the write lock inside SQLite, the others on the mutex
+        q.close(timeout=0.5)
+        for taking, outcome in takers:
+            taking.join(10)
+            assert outcome and outcome[0] is not True, "an acquire landing after close() held"
+        time.sleep(0.2)
+        left = [name for name in names if held(sqlite_url, name)]
+        assert left == [], f"permits nobody holds, kept until their TTL: {left}"
+
 
 class TestCloseFromASignalHandler:
     def test_returns_when_the_signal_lands_inside_an_engine_call_of_the_same_thread(
