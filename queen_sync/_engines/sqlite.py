@@ -552,10 +552,17 @@ class SqliteStorage:
 
     def transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         """Run ``work`` in one transaction; the file lock covers everything, so the footprint
-        is not needed."""
+        is not needed (but for refusing calls once closed)."""
+        try:
+            return self._transaction(footprint, work)
+        finally:
+            if self._closed and self._conn is not None:
+                self._close_when_free()  # a release that ran after close() opened it again
+
+    def _transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         if self._likely_refused(footprint):
             try:
-                return self._read_only(work)
+                return self._read_only(footprint, work)
             except _NeedsWrite:
                 pass  # it can apply after all: run it again from scratch, under the write lock
         op = footprint.lone_lock_op
@@ -583,11 +590,13 @@ class SqliteStorage:
                work: Callable[[StorageTxn], _T]) -> tuple[_SqliteTxn, _T]:
         """``work`` in one ``BEGIN IMMEDIATE`` transaction, committed (the caller holds the
         mutex)."""
+        self._refuse_if_closed(footprint)
         conn = self._connection()
         try:
             conn.execute("BEGIN IMMEDIATE")
             txn = self._txn(conn, footprint)
             answer = work(txn)
+            self._refuse_if_closed(footprint)  # closed while it waited for the write lock
             self._commit(txn)
         except BaseException:
             _rollback(conn)
@@ -659,9 +668,10 @@ class SqliteStorage:
         return (self.wake is not None and footprint.mints > 0
                 and self.wake.waiting_on(footprint.names))
 
-    def _read_only(self, work: Callable[[StorageTxn], _T]) -> _T:
+    def _read_only(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         """Run ``work`` on a read snapshot, committing nothing; ``_NeedsWrite`` if it writes."""
         with self._mutex:
+            self._refuse_if_closed(footprint)
             try:
                 conn = self._connection()
                 try:
@@ -678,6 +688,7 @@ class SqliteStorage:
     def atomic(self) -> Iterator[_SqliteTxn]:
         """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back."""
         with self._mutex, _translated(self.path):
+            self._refuse_if_closed(None)
             conn = self._connection()
             try:
                 # Inside the try: a Ctrl-C landing just after BEGIN must still roll back, or
@@ -685,6 +696,7 @@ class SqliteStorage:
                 conn.execute("BEGIN IMMEDIATE")
                 txn = _SqliteTxn(conn, self._clock)
                 yield txn
+                self._refuse_if_closed(None)
                 self._commit(txn)
             except BaseException:
                 _rollback(conn)
@@ -692,21 +704,21 @@ class SqliteStorage:
 
     def _connection(self) -> sqlite3.Connection:
         """The open connection, made first if there is none (the caller holds the mutex)."""
-        if self._closed:
-            raise self._closed_error()
         if self._conn is None:
             self._conn = self._connect()
         return self._conn
 
-    def _closed_error(self) -> EngineError:
-        return EngineError(f"the SQLite store {self.path} was closed by its client; the call "
-                           "took no effect")
+    def _refuse_if_closed(self, footprint: Optional[Footprint]) -> None:
+        """Refuse a call, queued or waiting out another process's write while its client
+        closed, that could take a permit: the client, closed, would never give it back.
+
+        Releases still run (and the connection closes again after them): they only free.
+        """
+        if self._closed and (footprint is None or not footprint.only_releases):
+            raise EngineError(f"the SQLite store {self.path} was closed by its client; the "
+                              "call took no effect")
 
     def _commit(self, txn: _SqliteTxn) -> None:
-        # A call that waited out another process's write while its client closed commits
-        # nothing: its client, closed, would refuse to give back what it took.
-        if self._closed:
-            raise self._closed_error()
         self._calls += 1
         if self._calls % _SWEEP_EVERY == 0:
             txn.sweep(txn.now_ms())

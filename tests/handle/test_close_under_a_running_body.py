@@ -25,7 +25,11 @@ def held_by_anyone(url: str, name: str) -> bool:
 
 
 def close_soon(client: qs.Queen, after: float) -> threading.Thread:
-    closer = threading.Thread(target=lambda: (time.sleep(after), client.close()), daemon=True)
+    def close_later() -> None:
+        time.sleep(after)
+        client.close()
+
+    closer = threading.Thread(target=close_later, daemon=True)
     closer.start()
     return closer
 
