@@ -34,13 +34,19 @@ def close_soon(client: qs.Queen, after: float) -> threading.Thread:
     return closer
 
 
+def lock_telling_its_losses(url: str, name: str) -> tuple[qs.Queen, qs.Lock, list[str]]:
+    """A new client, its lock ``name`` (ttl 30 s), and the reasons its on_lost handler gets."""
+    client = qs.Queen(url)
+    lock = client.lock(name, ttl=30)
+    reasons: list[str] = []
+    lock.on_lost(reasons.append)
+    return client, lock, reasons
+
+
 class TestABlockRunningWhenCloseGivesItsLeaseBack:
     def test_the_block_sees_its_lease_lost_as_closed_before_anyone_else_can_take_it(
             self, engine_url: str) -> None:
-        client = qs.Queen(engine_url)
-        lock = client.lock("closed-under-a-block", ttl=30)
-        reasons: list[str] = []
-        lock.on_lost(reasons.append)
+        client, lock, reasons = lock_telling_its_losses(engine_url, "closed-under-a-block")
         inside, leave = threading.Event(), threading.Event()
         seen_when_free: list[bool] = []
 
@@ -85,10 +91,7 @@ class TestABlockRunningWhenCloseGivesItsLeaseBack:
 
     def test_a_lease_held_outside_any_block_is_given_back_without_being_called_lost(
             self, engine_url: str) -> None:
-        client = qs.Queen(engine_url)
-        lock = client.lock("closed-outside-a-block", ttl=30)
-        reasons: list[str] = []
-        lock.on_lost(reasons.append)
+        client, lock, reasons = lock_telling_its_losses(engine_url, "closed-outside-a-block")
         assert lock.acquire()
         client.close()
         assert not held_by_anyone(engine_url, lock.name)
