@@ -556,8 +556,13 @@ class SqliteStorage:
         try:
             return self._transaction(footprint, work)
         finally:
-            if self._closed and self._conn is not None:
-                self._close_when_free()  # a release that ran after close() opened it again
+            # A release that ran after close() opened the file again. Whichever call holds
+            # the mutex now runs this same step as it ends, so none waits for another here.
+            if self._closed and self._conn is not None and self._mutex.acquire(blocking=False):
+                try:
+                    self._close_connection()
+                finally:
+                    self._mutex.release()
 
     def _transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         if self._likely_refused(footprint):
