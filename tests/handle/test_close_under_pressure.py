@@ -22,6 +22,7 @@ import pytest
 from test_process_life import acquiring_in_thread, gated_client
 
 import queen_sync as qs
+from queen_sync.testing import FaultyEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,6 +109,46 @@ class TestTwoCloses:
         q.close()
         assert not held(sqlite_url, "kept"), (
             "the close() after an interrupted one gave nothing back")
+
+
+class TestAReleaseThatLandsAfterCloseGaveUpOnIt:
+    def test_gives_its_permit_back_and_leaves_no_descriptor_of_the_file_open(
+            self, sqlite_url: str) -> None:
+        """A release still in flight when close() returned opens the closed store again
+        to give its permit back; the file is closed again after it, so the process keeps
+        no descriptor (nor SQLite's locks on it) for a client it closed."""
+        engine = FaultyEngine(sqlite_url)
+        q = qs.Queen(engine=engine)
+        lock = q.lock("late-release", ttl=60)
+        assert lock.acquire()
+        granted, go_on = threading.Event(), threading.Event()
+
+        def hold(route: str, body: Any) -> None:
+            granted.set()
+            go_on.wait(5)
+
+        engine.hook_next(None, hook=hold, op="release")
+        releasing = threading.Thread(target=lambda: _quietly(lock.release), daemon=True)
+        releasing.start()
+        assert granted.wait(5), "setup: the release did not reach the engine"
+        q.close(timeout=0.2)  # gives up waiting for the release in flight
+        go_on.set()
+        releasing.join(10)
+        path = os.path.realpath(sqlite_url[len("sqlite://"):])
+        open_ = _descriptors_of(path)
+        assert open_ == [], f"the closed client still has the file open: {open_}"
+        assert not held(sqlite_url, "late-release"), "the late release gave nothing back"
+
+
+def _descriptors_of(path: str) -> list[str]:
+    """This process's open descriptors on the database file or its side files."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target in (path, path + "-wal", path + "-shm"):
+                found.append(f"{fd} -> {target}")
+    return found
 
 
 class TestCloseWhileAnotherProcessWrites:
