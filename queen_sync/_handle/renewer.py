@@ -451,9 +451,14 @@ class Renewer:
     def _loop(self) -> None:
         clock = self._client.clock
         idle_since: Optional[float] = None
+        me = threading.current_thread()
         while True:
             self._wake.clear()  # before looking, so a register from now on is never missed
             with self._mutex:
+                if self._thread is not me:
+                    # A Ctrl-C cut the start() that made this thread short: register() took
+                    # it for never started and may have started another. That one renews.
+                    return
                 self._planned = 0.0
                 now = clock.monotonic()
                 if self._locks:

@@ -276,6 +276,43 @@ class TestCtrlCWhileTheRenewerThreadStarts:
         assert not held(sqlite_url, "second")
 
 
+    def test_a_thread_the_interrupted_start_left_running_leaves_one_renewer(
+            self, sqlite_url: str) -> None:
+        """A Ctrl-C while start() waits for the new thread to report in leaves that thread
+        running, unknown to the renewer: it must end, not tick beside the next one."""
+        before = set(threading.enumerate())
+        q = qs.Queen(sqlite_url)
+        armed = [True]
+
+        def tracer(frame: Any, event: str, arg: Any) -> Optional[Any]:
+            if (event == "call" and armed[0] and frame.f_code is threading.Event.wait.__code__
+                    and frame.f_back is not None
+                    and frame.f_back.f_code is threading.Thread.start.__code__):
+                armed[0] = False
+                signal.default_int_handler(signal.SIGINT, frame)
+            return None
+
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                q.lock("first", ttl=60).acquire()
+        finally:
+            sys.settrace(None)
+        assert not armed[0], "setup: the renewer thread's start was never reached"
+        assert q.lock("second", ttl=60).acquire()
+
+        def renewers() -> list[threading.Thread]:
+            return [thread for thread in threading.enumerate() if thread not in before
+                    and thread.name == "queen_sync-renewer" and thread.is_alive()]
+
+        settle_by = time.monotonic() + 3
+        while len(renewers()) > 1 and time.monotonic() < settle_by:
+            time.sleep(0.05)
+        running = renewers()
+        q.close()
+        assert len(running) == 1, f"{len(running)} renewer threads tick for one client"
+        assert not held(sqlite_url, "second")
+
 def _quietly(call: Any) -> None:
     with contextlib.suppress(qs.QueenError):
         call()
