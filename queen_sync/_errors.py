@@ -13,6 +13,7 @@ QueenError
     ├── EngineUnavailableError     could not reach the engine
     ├── StoreReplacedError         (path) the store this client opened is gone or replaced
     ├── QueenHttpError             (status, code, reason, detail, retry_after)
+    │   └── QueenHttpRequestError  a 400: also a RequestError, as on the embedded engines
     └── ProtocolError              (route) the answer is not what the route promises
 ```
 
@@ -35,6 +36,7 @@ __all__ = [
     "ProtocolError",
     "QueenError",
     "QueenHttpError",
+    "QueenHttpRequestError",
     "RequestError",
     "StoreReplacedError",
     "UnsupportedOperationError",
@@ -168,6 +170,14 @@ class QueenHttpError(EngineError):
         super().__init__(
             message, status=status, code=code, reason=reason, detail=detail, retry_after=retry_after
         )
+
+
+class QueenHttpRequestError(QueenHttpError, RequestError):
+    """The broker refused the request as malformed (HTTP 400, ``code`` says how).
+
+    A ``RequestError`` (and ``ValueError``), as the embedded engines raise for the same
+    request, so one ``except`` serves every engine; a ``QueenHttpError`` for its status.
+    """
 
 
 class ProtocolError(EngineError):

@@ -11,6 +11,7 @@ INTENDED = {
     "Capabilities", "Duration", "Engine", "EngineError", "EngineUnavailableError", "FencedOutError",
     "Holder", "Kv", "Lock", "LockBusyError", "LockError", "LockLostError", "LockNotHeldError",
     "Locks", "Metrics", "ProtocolError", "Queen", "QueenError", "QueenHttpError",
+    "QueenHttpRequestError",
     "RequestError", "Result", "RunResult", "StoreReplacedError", "Transaction",
     "UnsupportedOperationError",
     "__version__", "connect", "current_lock", "default_client", "parse_duration",

@@ -29,6 +29,7 @@ from .._errors import (
     ProtocolError,
     QueenError,
     QueenHttpError,
+    QueenHttpRequestError,
     UnsupportedOperationError,
 )
 
@@ -122,8 +123,10 @@ def http_error(route: str, response: requests.Response) -> QueenError:
 
     A ``501`` whose code is ``unsupported_operation`` is the broker saying it lacks a
     capability (``reason`` names it): that is ``UnsupportedOperationError``, as on
-    the embedded engines. Every other status is ``QueenHttpError``; when the body
-    carries no code, ``code`` is ``"http_<status>"`` so callers can always branch on it.
+    the embedded engines. A ``400`` is a refusal of the request itself, raised as
+    ``QueenHttpRequestError``: a ``RequestError``, as the embedded engines raise it. Every
+    other status is ``QueenHttpError``; when the body carries no code, ``code`` is
+    ``"http_<status>"`` so callers can always branch on it.
     """
     status = response.status_code
     fields = _envelope(response)
@@ -133,7 +136,8 @@ def http_error(route: str, response: requests.Response) -> QueenError:
         return UnsupportedOperationError(detail or f"{route}: the broker cannot do this",
                                          capability=fields.get("reason") or "unknown")
     told = detail if detail else snippet(response)
-    return QueenHttpError(f"{route}: HTTP {status} {code}: {told}", status=status, code=code,
+    kind = QueenHttpRequestError if status == 400 else QueenHttpError
+    return kind(f"{route}: HTTP {status} {code}: {told}", status=status, code=code,
                           reason=fields.get("reason"), detail=detail,
                           retry_after=retry_after(response))
 

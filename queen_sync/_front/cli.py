@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
 from .._durations import MIN_TTL_SECONDS, lease_seconds, parse_duration, utc_text
-from .._errors import EngineError, QueenError
+from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
 from .._version import __version__
@@ -256,6 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         code = _dispatch(args, command)
         sys.stdout.flush()  # here, not at exit, so a reader that went away is seen here
         return code
+    except RequestError as exc:  # before EngineError: a broker's 400 is both, and is ours
+        return _failed(args, str(exc), 2)
     except EngineError as exc:
         return _failed(args, f"engine unavailable: {exc}", EX_UNAVAILABLE)
     except (QueenError, ValueError) as exc:  # e.g. a lock name the engine refuses

@@ -6,6 +6,7 @@ still ends stdout with the run's result; a reader that went away costs no traceb
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,7 +22,9 @@ from cli_helpers import (
 from pg_server import free_port
 from test_cli_run_json import RUN_KEYS
 
+import queen_sync as qs
 from queen_sync._front.cli import main
+from queen_sync.testing import LocalBroker
 
 EPIPE_EXIT = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
 
@@ -96,6 +99,22 @@ class TestTheJsonResultOfARunThatCouldNotStart:
         assert says in result["error"] and result["error"] in err, (
             f"the error is the line on stderr: {result['error']!r}, {err!r}")
         assert "\n" not in result["error"] and "s3cret" not in json.dumps(result), result
+
+    @pytest.mark.parametrize("engine", ["sqlite", "http"])
+    def test_a_request_the_engine_refuses_is_bad_usage_on_every_engine(
+            self, capsys: pytest.CaptureFixture[str], sqlite_url: str, engine: str) -> None:
+        """A name held as a semaphore of 2, run as a lock: the same refusal everywhere, so
+        the exit code is 2 (do not retry), never 69 (engine unreachable, retry later)."""
+        with contextlib.ExitStack() as stack:
+            url = sqlite_url
+            if engine == "http":
+                url = stack.enter_context(LocalBroker(sqlite_url[len("sqlite://"):])).url
+            holder = stack.enter_context(qs.Queen(url))
+            assert holder.semaphore("gpu", 2, ttl=60).acquire()
+            exit_code, result, err = _run_json_failure(
+                capsys, ["--url", url, "run", "gpu", "--json", "--", "true"])
+        assert exit_code == 2 == result["exit_code"], f"exit {exit_code}: {err!r}"
+        assert "lock_limit_mismatch" in err or "limit 2" in err, err
 
     def test_a_run_that_started_has_no_error(self, cli: Cli) -> None:
         done = cli.run("run", "job", "--json", "--", "true")

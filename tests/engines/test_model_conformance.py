@@ -118,7 +118,7 @@ def _http_stores(request: pytest.FixtureRequest) -> StoreFactory:
         clock = EngineClock()
         broker = LocalBroker(clock=clock).start()
         clients = [qs.Queen(broker.url, renew_thread=False) for _ in range(2)]
-        return Store(clients, clock, SHORT_TTLS, qs.QueenHttpError, [broker.close])
+        return Store(clients, clock, SHORT_TTLS, qs.RequestError, [broker.close])
 
     return open_store
 
