@@ -10,6 +10,7 @@ every token issued before it, whatever was released, expired or deleted in betwe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, TypeVar
@@ -464,12 +465,25 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _sum(op: Mapping[str, Any], base: Any, delta: Any) -> Any:
+    """``base + delta``, refused whole when it is no finite number (JSON has none)."""
+    try:
+        value = base + delta
+    except OverflowError:  # an integer too large for a float, added to a float
+        value = math.inf
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestError(
+            f"incr of {op['ns']!r}/{op['key']!r} by {delta!r} would store no finite number "
+            "(past the largest float)", code="kv_bad_request")
+    return value
+
+
 def _kv_incr(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
     row = step.live(op["ns"], op["key"])
     if row is not None and not _is_number(row.value):
         return _lost("type", row)
     base = row.value if row is not None else 0
-    value = base + op["delta"]
+    value = _sum(op, base, op["delta"])
     if ("max" in op and value > op["max"]) or ("min" in op and value < op["min"]):
         return {"applied": False, "reason": "limit", "value": base,
                 "version": row.version if row else 0}

@@ -415,6 +415,26 @@ class TestBadKvOps:
                          "forever": True}])
         assert q.kv.get("app", "n")["value"] == 1, "the counter is left as it was"
 
+    @pytest.mark.parametrize(("start", "delta"), [(1e308, 1e308), (-1e308, -1e308),
+                                                  (10 ** 400, 1.5)],
+                             ids=["past the largest float", "past the smallest", "huge int"])
+    def test_an_incr_whose_sum_is_no_finite_number_is_refused_whole(
+            self, q: qs.Queen, start: float, delta: float) -> None:
+        """Only the sum overflows, so only the engine can tell: it refuses the call as it
+        refuses a non-finite delta, on every engine, and writes nothing of the batch."""
+        q.kv.put("app", "n", start, forever=True)
+        before = q.kv.get("app", "n")
+        with pytest.raises(qs.RequestError, match="finite number") as caught:
+            q.kv.batch([{"op": "put", "ns": "app", "key": "other", "value": 1, "forever": True},
+                        {"op": "incr", "ns": "app", "key": "n", "delta": delta,
+                         "forever": True}])
+        assert caught.value.code == "kv_bad_request", repr(caught.value)
+        with pytest.raises(qs.RequestError, match="finite number"):
+            q.kv.incr("app", "n", delta=delta, forever=True)
+        after = q.kv.get("app", "n")
+        assert (after["value"], after["version"]) == (before["value"], before["version"]), after
+        assert not q.kv.get("app", "other"), "the batch's other write was kept"
+
     @pytest.mark.parametrize("required", [True, False])
     @pytest.mark.parametrize("read", [{"op": "get", "key": "k"}, {"op": "getMany", "keys": ["k"]},
                                       {"op": "getPrefix", "prefix": "k"}])
