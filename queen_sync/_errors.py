@@ -172,7 +172,9 @@ class QueenHttpError(EngineError):
         )
 
 
-class QueenHttpRequestError(QueenHttpError, RequestError):
+# The bases type ``code`` as Optional[str] and str; a 400's code is always text ("http_400"
+# when the body names none), so both readings hold.
+class QueenHttpRequestError(QueenHttpError, RequestError):  # type: ignore[misc]
     """The broker refused the request as malformed (HTTP 400, ``code`` says how).
 
     A ``RequestError`` (and ``ValueError``), as the embedded engines raise for the same
