@@ -16,7 +16,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 from test_process_life import acquiring_in_thread, gated_client
@@ -252,21 +252,8 @@ class TestCloseFromASignalHandlerOnTheThreadItInterrupted:
 class TestCtrlCWhileTheRenewerThreadStarts:
     def test_the_next_lease_still_gets_a_renewer(self, sqlite_url: str) -> None:
         q = qs.Queen(sqlite_url)
-        armed = [True]
-
-        def tracer(frame: Any, event: str, arg: Any) -> Optional[Any]:
-            if event == "call" and armed[0] and frame.f_code is threading.Thread.start.__code__:
-                armed[0] = False
-                signal.default_int_handler(signal.SIGINT, frame)
-            return None
-
-        sys.settrace(tracer)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                q.lock("first", ttl=60).acquire()
-        finally:
-            sys.settrace(None)
-        assert not armed[0], "setup: the renewer thread's start was never reached"
+        _interrupt_the_first_renewer_start(
+            q, lambda frame: frame.f_code is threading.Thread.start.__code__)
         second = q.lock("second", ttl=60)
         assert second.acquire()
         thread = q.renewer.thread
@@ -282,23 +269,10 @@ class TestCtrlCWhileTheRenewerThreadStarts:
         running, unknown to the renewer: it must end, not tick beside the next one."""
         before = set(threading.enumerate())
         q = qs.Queen(sqlite_url)
-        armed = [True]
-
-        def tracer(frame: Any, event: str, arg: Any) -> Optional[Any]:
-            if (event == "call" and armed[0] and frame.f_code is threading.Event.wait.__code__
-                    and frame.f_back is not None
-                    and frame.f_back.f_code is threading.Thread.start.__code__):
-                armed[0] = False
-                signal.default_int_handler(signal.SIGINT, frame)
-            return None
-
-        sys.settrace(tracer)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                q.lock("first", ttl=60).acquire()
-        finally:
-            sys.settrace(None)
-        assert not armed[0], "setup: the renewer thread's start was never reached"
+        _interrupt_the_first_renewer_start(
+            q, lambda frame: frame.f_code is threading.Event.wait.__code__
+            and frame.f_back is not None
+            and frame.f_back.f_code is threading.Thread.start.__code__)
         assert q.lock("second", ttl=60).acquire()
 
         def renewers() -> list[threading.Thread]:
@@ -312,6 +286,25 @@ class TestCtrlCWhileTheRenewerThreadStarts:
         q.close()
         assert len(running) == 1, f"{len(running)} renewer threads tick for one client"
         assert not held(sqlite_url, "second")
+
+def _interrupt_the_first_renewer_start(q: qs.Queen, at: Callable[[Any], bool]) -> None:
+    """A Ctrl-C at the first call ``at`` picks while a lease's acquire starts the renewer."""
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Optional[Any]:
+        if event == "call" and armed[0] and at(frame):
+            armed[0] = False
+            signal.default_int_handler(signal.SIGINT, frame)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            q.lock("first", ttl=60).acquire()
+    finally:
+        sys.settrace(None)
+    assert not armed[0], "setup: the renewer thread's start was never reached"
+
 
 def _quietly(call: Any) -> None:
     with contextlib.suppress(qs.QueenError):
