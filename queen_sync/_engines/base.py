@@ -76,6 +76,14 @@ class Engine(abc.ABC):
     def url(self) -> str:
         """Where it is, without credentials (safe to print and log)."""
 
+    @property
+    def store(self) -> str:
+        """What tells stores apart: equal for two clients of one store, never for two stores.
+
+        A permit of one store means nothing in another, whatever its token.
+        """
+        return self.url
+
     @abc.abstractmethod
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Send one body to ``route`` and return the engine's answer."""

@@ -709,9 +709,12 @@ class SqliteStorage:
 
     def _connection(self) -> sqlite3.Connection:
         """The open connection, made first if there is none (the caller holds the mutex)."""
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._connect()
+        elif conn.in_transaction:  # a call whose rollback an interrupt cut short left it
+            _rollback(conn)
+        return conn
 
     def _refuse_if_closed(self, footprint: Optional[Footprint]) -> None:
         """Refuse a call, queued or waiting out another process's write while its client
@@ -802,6 +805,16 @@ def _has_schema(conn: sqlite3.Connection) -> bool:
 
 def _rollback(conn: sqlite3.Connection) -> None:
     """Roll back what is still open, keeping the error that caused it the one reported."""
+    try:
+        _rollback_once(conn)
+    except BaseException:
+        # A signal's exception (Ctrl-C, an application's handler) cut it short: the open
+        # transaction would keep the file's write lock from every other process.
+        _rollback_once(conn)
+        raise
+
+
+def _rollback_once(conn: sqlite3.Connection) -> None:
     # SQLite rolls back by itself on some errors (a full disk); a second ROLLBACK would then
     # fail and hide the cause. A rollback failing too leaves SQLite to undo it at next use.
     if conn.in_transaction:
@@ -1047,6 +1060,11 @@ class SqliteEngine(Engine):
     @property
     def url(self) -> str:
         return f"sqlite://{self.path}"
+
+    @property
+    def store(self) -> str:
+        # One file under any spelling of its path (relative, through a symbolic link).
+        return f"sqlite://{os.path.realpath(self.path)}"
 
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._semantics.call(route, body)

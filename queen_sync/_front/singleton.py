@@ -52,7 +52,13 @@ from typing_extensions import Concatenate, ParamSpec
 from .._durations import Duration, lease_seconds, parse_duration, utc_text
 from .._errors import LockBusyError, LockLostError, LockNotHeldError
 from .._handle.interrupts import defer_if_held
-from .._handle.lock import Lock, require_arbitration, wait_seconds
+from .._handle.lock import (
+    Lock,
+    check_body,
+    check_body_result,
+    require_arbitration,
+    wait_seconds,
+)
 from .._handle.losses import Reaction
 from .._ops import check_name
 from .._results import Result, describe_holders
@@ -213,6 +219,7 @@ def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_l
 def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
     if not callable(fn):
         raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
+    check_body(fn, "singleton_job")
     name = spec.name or f"{fn.__module__}.{fn.__qualname__}"
     check_name(name)
     if spec.client is not None:
@@ -243,7 +250,9 @@ def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Sup
 
     def work() -> T:
         with _supervised(supervisor, client):
-            return fn(lock, *args, **kwargs) if spec.bind else fn(*args, **kwargs)
+            value = fn(lock, *args, **kwargs) if spec.bind else fn(*args, **kwargs)
+            check_body_result(value, "singleton_job")  # before the period is marked done
+            return value
 
     def body() -> Optional[T]:
         if period is not None and period.done(client):

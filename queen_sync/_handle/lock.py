@@ -12,12 +12,14 @@ the token, because the engine may already have handed the permit to someone else
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import os
 import random
 import threading
 import time
 from _thread import allocate_lock
+from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
 
 from typing_extensions import ParamSpec
@@ -30,6 +32,7 @@ from .._errors import (
     LockLostError,
     LockNotHeldError,
     ProtocolError,
+    QueenError,
     StoreReplacedError,
     UnsupportedOperationError,
 )
@@ -98,6 +101,46 @@ def late_release_op(lock: Lock, answer: Mapping[str, Any]) -> dict[str, Any]:
     """The release op for the permit a renew answered after ``lock``'s deadline had passed."""
     token, slot = granted_permit(answer)
     return LockOps.release(lock.name, token=token, slot=slot)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` cut an engine call short rather than came as the engine's answer.
+
+    The engines raise ``QueenError``s; anything else (``KeyboardInterrupt``, an alarm
+    handler's ``TimeoutError``) landed from outside, maybe after the call had applied.
+    An unreadable answer (``ProtocolError``) may also hide an applied call.
+    """
+    return not isinstance(exc, QueenError) or isinstance(exc, ProtocolError)
+
+
+def check_body(fn: Callable[..., Any], what: str) -> None:
+    """Refuse a function whose call returns before its body has run (``what`` calls it).
+
+    Raises:
+        TypeError: ``fn`` is a generator, coroutine or async generator function.
+    """
+    if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) \
+            or inspect.isasyncgenfunction(fn):
+        raise TypeError(_later_body(what, f"{fn!r} is a generator or async function"))
+
+
+def check_body_result(value: Any, what: str) -> None:
+    """Refuse a call's result that is a body not yet run (closed first: nothing of it runs).
+
+    Raises:
+        TypeError: ``value`` is a generator, coroutine or async generator.
+    """
+    if isinstance(value, (GeneratorType, CoroutineType, AsyncGeneratorType)):
+        if isinstance(value, (GeneratorType, CoroutineType)):
+            value.close()  # no "never awaited" warning, and no later run unguarded
+        raise TypeError(_later_body(what, f"the call returned {type(value).__name__} "
+                                          f"{getattr(value, '__qualname__', '')!s}"))
+
+
+def _later_body(what: str, found: str) -> str:
+    return (f"{what} runs its function under the lease and gives the lease back when the "
+            f"call returns, but {found}: its body would run after the lease is given back. "
+            "Iterate or await it inside `with lock:` instead")
 
 
 def wait_seconds(wait: Optional[Duration]) -> float:
@@ -310,6 +353,11 @@ class Lock:
         return self._client.url
 
     @property
+    def store(self) -> str:
+        """What tells this handle's store from others (see ``Engine.store``)."""
+        return self._client.engine.store
+
+    @property
     def taken_in(self) -> tuple[Optional[int], Optional[int]]:
         """The thread id and IPython cell (None outside IPython) of the acquire holding now."""
         return self._taken_in, self._cell
@@ -415,9 +463,10 @@ class Lock:
                         self._took(answer, sent_at, started, ttl, cell)
                         return True
                 except BaseException as exc:
-                    # Interrupted mid-call, or answered unreadably: the engine may have
-                    # granted this owner a permit, which nothing here would ever renew.
-                    if not isinstance(exc, Exception) or isinstance(exc, ProtocolError):
+                    # Interrupted mid-call (Ctrl-C, or whatever a signal handler raised),
+                    # or answered unreadably: the engine may have granted this owner a
+                    # permit, which nothing here would ever renew.
+                    if _interrupted(exc):
                         self._abandon()
                     elif self._left_strays is not None and self._left_strays():
                         # Every send given up on may still land and take a permit.
@@ -483,7 +532,10 @@ class Lock:
             self._unsure = False
             self._unreleased = None  # a fresh permit supersedes one whose release raised
             if self.lost.is_set():  # reading it takes no lock; clearing it takes one
-                self.lost.clear()  # the same Event object: a caller's reference stays current
+                # The same Event object: a caller's reference stays current. In a hold: a
+                # signal landing in its Python-level lock would leave that lock taken.
+                with interrupts_held():
+                    self.lost.clear()
             self.lost_reason = None
         self._holders = ()
         self._taken_in, self._cell = threading.get_ident(), cell
@@ -497,19 +549,25 @@ class Lock:
             log.warning("could not give back lock %r, granted as its client closed; it "
                         "expires by itself", self.name, exc_info=True)
 
+    @bookkeeping
     def _abandon(self) -> None:
-        """Give back whatever the engine granted this owner while the caller was interrupted."""
-        with self._state:
-            token, self._token = self._token, None
-        # Even with no token: an acquire cut short may have registered it, not yet holding.
-        self._client.renewer.unregister(self)
-        if token is not None:
-            self._client.metrics.held(-1)
-        try:
-            self._release_mine()
-        except Exception:
-            log.warning("could not give back lock %r after an interrupt; it expires by itself",
-                        self.name, exc_info=True)
+        """Give back whatever the engine granted this owner while the caller was interrupted.
+
+        A hold: a second signal (Ctrl-C pressed twice, a repeating alarm) waits for the
+        permit to be given back instead of stranding it until its TTL.
+        """
+        with interrupts_held():
+            with self._state:
+                token, self._token = self._token, None
+            # Even with no token: an acquire cut short may have registered it, not yet holding.
+            self._client.renewer.unregister(self)
+            if token is not None:
+                self._client.metrics.held(-1)
+            try:
+                self._release_mine()
+            except Exception:
+                log.warning("could not give back lock %r after an interrupt; it expires by "
+                            "itself", self.name, exc_info=True)
 
     def release_strays(self) -> bool:
         """Give back what a late first send of an acquire took after this handle let go.
@@ -689,16 +747,15 @@ class Lock:
             self._unreleased = None
             try:
                 released = self._give_back(token, slot)
-            except Exception:
+            except BaseException as exc:
+                self._count_out(counted)
+                if _interrupted(exc):
+                    self._abandon()  # interrupted mid-call: the engine may still have it
+                    raise
                 # Given back or not, nobody can tell: holding on would let a later block
                 # skip the engine while another process holds. Not renewed, it expires
                 # within its TTL; the token stays for an explicit retry.
                 self._unreleased = (token, slot)
-                self._count_out(counted)
-                raise
-            except BaseException:
-                self._count_out(counted)
-                self._abandon()  # interrupted mid-call: the engine may still have it
                 raise
         self._client.metrics.released(held=counted)
         return released
@@ -956,10 +1013,12 @@ class Lock:
         Inside a block of this handle it nests (see the class docstring); while another
         thread is inside one, it waits for it within ``wait`` or returns ``acquired=False``.
         """
+        check_body(fn, "Lock.run")
         with _RunBlock(self) as entered:  # a with: no point between entry and its cleanup
             if not entered:
                 return RunResult(acquired=False, holders=self._holders)
             value = fn(*args, **kwargs)
+            check_body_result(value, "Lock.run")
         return RunResult(acquired=True, value=value)
 
     def __enter__(self) -> Lock:

@@ -31,7 +31,9 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .._clock import WakeFlag
 from .._errors import ProtocolError, StoreReplacedError
+from .interrupts import interrupts_held
 from .lock import late_release_op
 
 if TYPE_CHECKING:
@@ -111,7 +113,7 @@ class Renewer:
         self._mutex = threading.Lock()
         self._locks: dict[int, Lock] = {}
         self._thread: Optional[threading.Thread] = None
-        self._wake = threading.Event()
+        self._wake = WakeFlag()  # set from the main thread, where a signal may land
         self._stopping = False
         self._planned = 0.0  # when the thread means to tick next; 0 while it is ticking
         self._deferred: dict[int, float] = {}  # lease id -> when to try one whose call was busy
@@ -128,7 +130,10 @@ class Renewer:
                                           daemon=True)
                 self._thread = thread
                 try:
-                    thread.start()
+                    # In a hold: a signal's exception out of start() would leave the thread
+                    # started but unlisted, and the standard library then kills it.
+                    with interrupts_held():
+                        thread.start()
                 except BaseException:
                     if thread.ident is None:  # never started (a Ctrl-C in start()): the next
                         self._thread = None  # lease starts one; else this one runs

@@ -239,10 +239,17 @@ class Transaction:
         Raises:
             TypeError: ``lock`` is not a lock or semaphore handle (a name is not enough:
                 the guard is this handle's token, read at commit).
+            RequestError: ``lock`` is a handle of another store (``code ==
+                "guard_other_store"``): its token could match a permit there by chance.
         """
         if not isinstance(lock, Lock):
             raise TypeError(f"guard takes a Lock (from q.lock() or q.semaphore()), "
                             f"got {type(lock).__name__}")
+        if lock.store != self._client.engine.store:
+            raise RequestError(
+                f"cannot guard with lock {lock.name!r}: it is a lease of another store "
+                f"({lock.engine_url}) than this transaction's ({self._client.url})",
+                code="guard_other_store")
         self._guards.append(lock)
         return self
 

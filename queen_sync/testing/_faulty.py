@@ -100,6 +100,11 @@ class FaultyEngine(Engine):
         """The inner engine's URL (without credentials)."""
         return self._inner.url
 
+    @property
+    def store(self) -> str:
+        """The inner engine's store: a faulty client's leases guard its writes there."""
+        return self._inner.store
+
     # ---- scripting ---------------------------------------------------------------------
 
     def fail_next(self, n: Optional[int] = 1, *, error: ErrorSpec = None,

@@ -8,9 +8,17 @@ The handler is called, not re-raised through the OS, so that a handler which hol
 the interrupt back sees the same frame a real signal would show it.
 
 By default the points are where CPython 3.11 really looks for a pending signal in
-Python code: the start of every function (its RESUME: the "call" event) and every
-backward jump (a loop's next pass). It does not model the check after a C call returns;
-a C lock's ``with`` exit releases inside the C call, so no signal lands between.
+Python code: the start of every function (its RESUME: the "call" event), every
+backward jump (a loop's next pass), and the return of every C function called from it
+(a "c_return" profile event: a lock taken by a ``Condition``'s Python ``__enter__`` is
+held there, and not yet guarded by the caller's ``with``). A C object's ``with`` entry
+calls no function through the eval loop, so no point is there.
+
+Each round runs under three SIGINT handlers: Python's default (which the handle takes
+over while it needs to), and an application's own, installed before the round, that
+raises ``KeyboardInterrupt`` or an ``Exception`` (as an alarm handler raising
+``TimeoutError`` does). A handler the handle did not install may still not cut its
+bookkeeping short: the handle defers it as it defers Ctrl-C.
 ``QUEEN_SYNC_INTERRUPT_POINTS=lines`` makes every line a point too, ``=opcodes`` every
 bytecode (both stricter than CPython: a signal at a C lock's ``with`` exit leaves it
 locked, which CPython never does), and ``=package`` extends opcode points to all of
@@ -55,6 +63,46 @@ def q(request: pytest.FixtureRequest, sqlite_url: str, tmp_path: Path) -> Iterat
         yield client
 
 
+class AlarmFired(TimeoutError):
+    """What the application's alarm-like handler raises: an ordinary ``Exception``."""
+
+
+def app_raising_keyboard_interrupt(signum: int, frame: Optional[FrameType]) -> None:
+    raise KeyboardInterrupt
+
+
+def app_raising_timeout(signum: int, frame: Optional[FrameType]) -> None:
+    raise AlarmFired("the application's handler fired")
+
+
+APP_HANDLERS: dict[str, Any] = {
+    "python-default": signal.default_int_handler,
+    "app-keyboard-interrupt": app_raising_keyboard_interrupt,
+    "app-timeout": app_raising_timeout,
+}
+INTERRUPTS = (KeyboardInterrupt, AlarmFired)
+
+
+# Every handler on SQLite; over HTTP (a round there costs ten times more) Python's
+# default: the handle's code is the same on both, and an application's handler runs
+# through the same wrapper as the default one.
+ROUND_SETUPS = [("sqlite", handler) for handler in sorted(APP_HANDLERS)] + [
+    ("http", "python-default")]
+
+
+@pytest.fixture
+def sigint_handler(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """SIGINT's handler for the rounds; Python's default is put back after them."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, \
+        "setup: the test needs Python's default SIGINT handler"
+    handler = APP_HANDLERS[request.param]
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def deliver_sigint(frame: FrameType) -> None:
     """Run the SIGINT handler installed now, in ``frame``, as Python runs it for a signal."""
     handler = signal.getsignal(signal.SIGINT)
@@ -67,7 +115,7 @@ LOOP_BACK = dis.opmap.get("JUMP_BACKWARD", dis.opmap.get("JUMP_ABSOLUTE"))
 
 def is_point(frame: FrameType, event: str) -> bool:
     """Whether Python would check for a signal here, in the mode the test runs."""
-    if event == "call" or (MODE in ("opcodes", "package") and event == "opcode"):
+    if event in ("call", "c_return") or (MODE in ("opcodes", "package") and event == "opcode"):
         return True
     if MODE == "lines":
         return event == "line"
@@ -78,8 +126,8 @@ def interrupted_at(point: int, body: Callable[[], None]) -> tuple[Optional[str],
     """Run ``body`` with SIGINT delivered at its ``point``-th event in ``SCOPE``.
 
     Returns:
-        Where it was delivered (None: the body ended first), and whether
-        KeyboardInterrupt came out of the body.
+        Where it was delivered (None: the body ended first), and whether the
+        interrupt (``KeyboardInterrupt`` or ``AlarmFired``) came out of the body.
     """
     seen = 0
     where: Optional[str] = None
@@ -102,17 +150,25 @@ def interrupted_at(point: int, body: Callable[[], None]) -> tuple[Optional[str],
         frame.f_trace_opcodes = MODE != "lines"
         return local(frame, event, arg)
 
+    def c_returns(frame: FrameType, event: str, arg: Any) -> None:
+        # An exception raised here comes out of the C call, in ``frame``, as a signal's does.
+        if event == "c_return" and where is None \
+                and frame.f_code.co_filename.startswith(SCOPE):
+            local(frame, event, arg)
+
     sys.settrace(calls)
+    sys.setprofile(c_returns)
     try:
         body()
-    except KeyboardInterrupt:
+    except INTERRUPTS:
         return where, True
     finally:
+        sys.setprofile(None)
         sys.settrace(None)
     return where, False
 
 
-def leftovers(q: qs.Queen, lock: qs.Lock) -> list[str]:
+def leftovers(q: qs.Queen, lock: qs.Lock, handler: Any) -> list[str]:
     """What a round interrupted anywhere must not leave behind."""
     found = []
     if lock.in_block:
@@ -123,17 +179,17 @@ def leftovers(q: qs.Queen, lock: qs.Lock) -> list[str]:
         found.append("permit stranded on the engine")
     if qs.current_lock() is not None:
         found.append(f"current_lock() is still {qs.current_lock()!r}")
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) is not handler:
         found.append(f"SIGINT handler left as {signal.getsignal(signal.SIGINT)!r}")
     return found
 
 
-def reusable(q: qs.Queen, lock: qs.Lock) -> list[str]:
+def reusable(q: qs.Queen, lock: qs.Lock, handler: Any) -> list[str]:
     with lock:
         took = lock.held
     if not took:
         return ["the handle could not be used again"]
-    return [f"after reuse: {what}" for what in leftovers(q, lock)]
+    return [f"after reuse: {what}" for what in leftovers(q, lock, handler)]
 
 
 def wake_a_hung_round(hung: threading.Event) -> None:
@@ -166,12 +222,11 @@ ROUNDS: dict[str, Callable[[qs.Lock], None]] = {
 
 
 class TestInterruptAtEveryPoint:
+    @pytest.mark.parametrize(("q", "sigint_handler"), ROUND_SETUPS, indirect=True)
     @pytest.mark.parametrize("kind", sorted(ROUNDS))
     def test_sigint_at_any_point_of_a_round_leaves_the_handle_clean_and_usable(
-        self, q: qs.Queen, kind: str
+        self, q: qs.Queen, kind: str, sigint_handler: Any
     ) -> None:
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, \
-            "setup: the test needs Python's default SIGINT handler"
         problems: list[str] = []
         for point in range(1, MAX_POINTS):
             lock = q.lock(f"{kind}-{point}", ttl=60)
@@ -185,12 +240,12 @@ class TestInterruptAtEveryPoint:
                 problems.append(f"point {point} at {where}: the round deadlocked")
                 continue
             if where is None:
-                assert not raised, f"point {point}: KeyboardInterrupt with no SIGINT"
+                assert not raised, f"point {point}: an interrupt with no SIGINT"
                 break
-            found = leftovers(q, lock)
+            found = leftovers(q, lock, sigint_handler)
             if not raised:
                 found.append("the interrupt was swallowed")
-            found += [] if found else reusable(q, lock)
+            found += [] if found else reusable(q, lock, sigint_handler)
             problems += [f"point {point} at {where}: {p}" for p in found]
         else:
             pytest.fail(f"a {kind} round never ended within {MAX_POINTS} points")

@@ -1,0 +1,63 @@
+"""A transaction is guarded only by a lease of the store it commits to.
+
+The guard is a check of the lock's permit row at the handle's token. A handle of
+another store (another SQLite file, schema or broker) may hold the same name at the
+same token by chance, and the check would pass in a store that never granted it.
+Refused at ``guard()``; a second client of the same store is fine.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import queen_sync as qs
+from queen_sync.testing import LocalBroker
+
+
+@pytest.fixture
+def other_store_url(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> \
+        Iterator[str]:
+    """A URL to a second, separate store of the same engine."""
+    if engine_url.startswith("sqlite"):
+        yield "sqlite://" + str(tmp_path / "other.db")
+    elif engine_url.startswith("postgresql"):
+        yield str(request.getfixturevalue("pg_url")) + "?schema=o_" + secrets.token_hex(6)
+    else:
+        with LocalBroker(str(tmp_path / "other-broker.db")) as broker:
+            yield broker.url
+
+
+class TestAGuardFromAnotherStore:
+    def test_is_refused_at_the_call_even_with_equal_tokens(
+        self, q: qs.Queen, other_store_url: str
+    ) -> None:
+        with qs.Queen(other_store_url, pool_min_size=0) if other_store_url.startswith(
+                "postgresql") else qs.Queen(other_store_url) as other:
+            mine, theirs = q.lock("job", ttl=30), other.lock("job", ttl=30)
+            assert mine.acquire() and theirs.acquire()
+            theirs_token = theirs.token
+            while mine.token != theirs_token:  # the same token by chance, made certain
+                assert mine.token is not None and theirs_token is not None
+                if mine.token < theirs_token:
+                    assert mine.renew()
+                else:
+                    assert theirs.renew()
+                    theirs_token = theirs.token
+            txn = q.transaction().kv.put("ns", "k", 1, forever=True)
+            with pytest.raises(qs.RequestError, match="another store") as caught:
+                txn.guard(theirs)
+            assert caught.value.code == "guard_other_store"
+            assert not q.kv.get("ns", "k")["found"]
+
+    def test_from_a_second_client_of_the_same_store_guards_the_commit(
+        self, q: qs.Queen, engine_url: str
+    ) -> None:
+        with qs.Queen(engine_url) as second:
+            lock = second.lock("job", ttl=30)
+            assert lock.acquire()
+            assert q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock).commit()
+            assert q.kv.get("ns", "k")["value"] == 1
