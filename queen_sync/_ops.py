@@ -142,25 +142,58 @@ def check_key(key: Any) -> str:
     return _text(key, "key", max_bytes=MAX_KEY_BYTES, error=_kv_error)
 
 
-def _nested_within(value: Any, levels: int) -> bool:
-    # Walked without recursion, so that a value too deep for Python's stack is refused
-    # with a clear error instead of a RecursionError.
+def _shape_problem(value: Any, levels: int) -> Optional[str]:
+    """Why ``value`` cannot be stored as given (None: it can), found in one walk.
+
+    Walked without recursion, so that a value too deep for Python's stack is refused
+    with a clear error instead of a RecursionError.
+    """
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list, tuple)):
             if depth >= levels:
-                return False
-            children = item.values() if isinstance(item, dict) else item
+                return (f"value is nested deeper than {levels} levels of lists and objects, "
+                        "which not every engine can read back")
+            if isinstance(item, dict):
+                clash = _colliding_key(item)
+                if clash is not None:
+                    return (f"value has two keys that are the same JSON key {clash!r} (JSON "
+                            "keys are text): one of their values would be lost")
+                children: Any = item.values()
+            else:
+                children = item
             stack.extend((child, depth + 1) for child in children)
-    return True
+    return None
+
+
+_JSON_KEY_TYPES = (int, float, type(None))  # bool is an int: written true or false
+
+
+def _colliding_key(obj: dict[Any, Any]) -> Optional[str]:
+    """A JSON key two of ``obj``'s keys both become (a number and its text, ...), if any."""
+    if all(type(k) is str for k in obj):  # the usual case: nothing to compare
+        return None
+    seen: set[str] = set()
+    for key in obj:
+        if isinstance(key, str):
+            text = key
+        elif isinstance(key, _JSON_KEY_TYPES):
+            text = json.dumps(key)
+        else:
+            continue  # not a JSON key at all: the encoder refuses it with its type
+        if text in seen:
+            return text
+        seen.add(text)
+    return None
 
 
 def check_value(value: Any) -> Any:
-    """A JSON value; refused at the call if it cannot travel as JSON or is nested too deep."""
-    if not _nested_within(value, MAX_VALUE_DEPTH):
-        raise _kv_error(f"value is nested deeper than {MAX_VALUE_DEPTH} levels of lists and "
-                        "objects, which not every engine can read back")
+    """A JSON value; refused at the call if it cannot travel as JSON, is nested too deep,
+    or has two keys that are one JSON key."""
+    problem = _shape_problem(value, MAX_VALUE_DEPTH)
+    if problem is not None:
+        raise _kv_error(problem)
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -375,6 +375,25 @@ class TestBadKvOps:
     def test_a_write_needs_exactly_one_valid_expiry(self, q: qs.Queen, expiry: dict) -> None:  # type: ignore[type-arg]
         with pytest.raises((TypeError, ValueError)):
             q.kv.put("app", "k", 1, **expiry)
+
+    @pytest.mark.parametrize("value", [{1: "a", "1": "b"}, {"x": [{True: 1, "true": 2}]},
+                                       {None: 0, "null": 1}, {1.5: 0, "1.5": 1}])
+    def test_a_value_whose_keys_collide_as_json_text_is_refused_whole(
+            self, q: qs.Queen, value: Any) -> None:
+        # As JSON, both keys are one name: one of the two values would be lost unsaid.
+        writes: list[Callable[[], Any]] = [
+            lambda: q.kv.put("app", "k", value, forever=True),
+            lambda: q.transaction().kv.put("app", "k", value, forever=True).commit()]
+        for write in writes:
+            with pytest.raises(qs.RequestError, match="same JSON key") as caught:
+                write()
+            assert caught.value.code == "kv_bad_request", repr(caught.value)
+        assert not q.kv.get("app", "k"), "nothing may be written"
+
+    def test_a_value_with_distinct_non_text_keys_is_stored_with_text_keys(
+            self, q: qs.Queen) -> None:
+        assert q.kv.put("app", "k", {1: "a", 2: "b"}, forever=True)
+        assert q.kv.get("app", "k")["value"] == {"1": "a", "2": "b"}
 
     def test_a_value_nested_to_the_limit_is_stored_and_read_back(self, q: qs.Queen) -> None:
         value = _nested(MAX_VALUE_DEPTH)
