@@ -36,7 +36,7 @@ class MountRecipes(griffe.Extension):
 LOCK_INTERNALS = frozenset({
     "deadline", "renew_due", "try_begin_call", "end_call", "await_renewal", "taken_in",
     "in_block", "renew_op", "apply_renewal", "renewal_failed", "mark_lost", "forget_after_fork",
-    "begin_release", "end_release", "take_renewal", "release_strays",
+    "begin_release", "end_release", "take_renewal", "release_strays", "store",
 })
 
 

@@ -129,8 +129,8 @@ def _take_signals() -> None:
     """
     if _state.installed:
         return
-    _state.installed = True  # first: handlers wrapped before a signal cut this short go back
-    for _ in range(2):
+    failures = 0
+    while True:  # no call before the try: its return could run a handler not yet wrapped
         try:
             # Signals wait in the kernel while the handlers are swapped: one landing
             # between two swaps would run a handler not yet wrapped. They land when the
@@ -139,10 +139,16 @@ def _take_signals() -> None:
             try:
                 _signal_mask(signal.SIG_BLOCK, _CATCHABLE)
                 _wrap_handlers()
+                # Last, under the mask: installed only once every handler is wrapped. A
+                # take cut short is done again whole (a wrapper it left is recorded then).
+                _state.installed = True
             finally:
                 _signal_mask(signal.SIG_SETMASK, before)
             return
         except BaseException as exc:
+            failures += 1
+            if failures > 3:  # not a signal's exception but a swap that keeps failing
+                raise
             _state.pending.append((_Reraise(exc), 0, None))
 
 
