@@ -121,11 +121,11 @@ def block_opened(key: int) -> None:
 
 
 def _take_signals() -> None:
-    """Wrap every Python-level handler; never raises (the hold being entered must open).
+    """Wrap every Python-level handler, so that the hold being entered opens.
 
     A handler not yet wrapped may still run meanwhile, for a signal that landed before
     the mask: what it raises is noted like a deferred signal, raised at the hold's end,
-    and the swap is finished first.
+    and the swap is done again. Only a swap that fails four times raises.
     """
     if _state.installed:
         return
