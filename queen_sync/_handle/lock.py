@@ -11,6 +11,7 @@ the token, because the engine may already have handed the permit to someone else
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -20,7 +21,7 @@ import threading
 import time
 from _thread import allocate_lock
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 from typing_extensions import ParamSpec
 
@@ -251,26 +252,50 @@ class Lock:
 
     @property
     def name(self) -> str:
-        """The lock's name. Set on a held handle, its lease is lost at the next renew."""
+        """The lock's name. It can be changed only while the handle holds nothing."""
         return self._name
 
     @name.setter
     def name(self, value: str) -> None:
-        self._name = check_name(value)  # checked here: a renew must not fail on it later
+        name = check_name(value)  # checked here: a renew must not fail on it later
+        with self._holding_nothing("name"):
+            self._name = name
 
     @property
     def owner(self) -> str:
         """The holder identity sent with every acquire and renew (see ``Queen.lock``).
 
-        Set on a held handle, its lease is lost at the next renew. An owner set here
-        is one given, as ``owner=`` is: a forked child's handle keeps it, and refuses.
+        It can be changed only while the handle holds nothing. An owner set here is
+        one given, as ``owner=`` is: a forked child's handle keeps it, and refuses.
         """
         return self._owner
 
     @owner.setter
     def owner(self, value: str) -> None:
-        self._owner = check_owner(value)
-        self._explicit_owner = True
+        owner = check_owner(value)
+        with self._holding_nothing("owner"):
+            self._owner = owner
+            self._explicit_owner = True
+
+    @contextlib.contextmanager
+    def _holding_nothing(self, what: str) -> Iterator[None]:
+        """Run a change of ``what`` with no engine call of this handle in flight, or refuse it.
+
+        The permit is the row of the name and owner it was taken with, and a release,
+        renew or ``close()`` sends those of the moment: changed under a lease (or a
+        block, or a release that may be retried), the row would be left to expire.
+        """
+        if not self._io.acquire(False):
+            raise LockError(f"lock {self._name!r}: this handle is taking or renewing a permit; "
+                            f"release it first to change its {what}", name=self._name)
+        try:
+            if self._token is not None or self._unreleased is not None or self._blocks:
+                raise LockError(f"lock {self._name!r}: this handle holds a permit or is in a "
+                                f"block; release it first to change its {what}",
+                                name=self._name)
+            yield
+        finally:
+            self._io.release()
 
     @property
     def ttl(self) -> float:
@@ -449,9 +474,9 @@ class Lock:
 
     def _attempt_in_flight(self, started: float, cell: Optional[int]) -> bool:
         ttl = self._ttl
-        op = self._acquire_op(ttl)
         for _ in range(3):
             with self._io:
+                op = self._acquire_op(ttl)  # under the call's lock: a rename waits it out
                 sent_at = self._clock.monotonic()
                 try:
                     answer = self._client.call_locks([op])[0]

@@ -50,7 +50,8 @@ class TestRenewOp:
             if new_ttl is not None:
                 lock.ttl = new_ttl
             if new_owner is not None:
-                lock.owner = new_owner
+                with pytest.raises(qs.LockError, match="release it first"):
+                    lock.owner = new_owner  # the permit is the old owner's row
             assert lock.renew_op() == expected_op(lock), "op not rebuilt after a change"
 
     def test_changing_a_renew_op_leaves_the_next_one_as_it_should_be(
