@@ -22,9 +22,11 @@ others, and it refuses files another user could change (``sqlite_files``).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import logging
+import math
 import os
 import sqlite3
 import tempfile
@@ -32,7 +34,7 @@ import threading
 import time
 import weakref
 from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Sequence, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._errors import (
     EngineError,
@@ -1013,8 +1015,60 @@ def path_from_url(url: str) -> tuple[str, dict[str, str]]:
     if not path:
         raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} has no path",
                            code="bad_url")
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    return path, query
+    return path, _url_options(url, parts.query)
+
+
+_URL_OPTIONS = ("busy_timeout", "synchronous")
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+def _url_options(url: str, query: str) -> dict[str, str]:
+    """The options of a sqlite URL's query, each known and given once.
+
+    A misspelt option read as absent would leave the store at a durability or a wait
+    its user did not choose, so it is refused like any other malformed URL.
+    """
+    found: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in _URL_OPTIONS:
+            # Named only when it is a near miss of an option: a query may carry a secret.
+            near = difflib.get_close_matches(key, _URL_OPTIONS, n=1)
+            which = f"{key!r} (did you mean {near[0]}?)" if near else "(not shown)"
+            raise RequestError(f"sqlite URL {redact_url_for_error(url)!r}: unknown option "
+                               f"{which}; the options are busy_timeout (seconds) and "
+                               "synchronous (off, normal, full or extra)", code="bad_url")
+        if key in found:
+            raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} gives {key} twice",
+                               code="bad_url")
+        found[key] = value
+    return found
+
+
+def _busy_timeout(value: Any) -> float:
+    """``busy_timeout`` checked: a positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"busy_timeout is a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"busy_timeout must be a positive, finite number of seconds, "
+                         f"not {value!r}")
+    return float(value)
+
+
+def _options_from_query(url: str, query: dict[str, str]) -> dict[str, Any]:
+    """The engine options a URL's query sets, refused as ``bad_url`` when malformed."""
+    options: dict[str, Any] = {}
+    if "synchronous" in query:
+        if query["synchronous"].lower() not in _SYNCHRONOUS:
+            raise RequestError(f"sqlite URL {redact_url_for_error(url)!r}: synchronous must "
+                               "be off, normal, full or extra", code="bad_url")
+        options["synchronous"] = query["synchronous"]
+    if "busy_timeout" in query:
+        try:
+            options["busy_timeout"] = _busy_timeout(float(query["busy_timeout"]))
+        except ValueError:
+            raise RequestError(f"sqlite URL {redact_url_for_error(url)!r}: busy_timeout must "
+                               "be a positive, finite number of seconds", code="bad_url") from None
+    return options
 
 
 class SqliteEngine(Engine):
@@ -1032,8 +1086,9 @@ class SqliteEngine(Engine):
         synchronous: str = "normal",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if synchronous.lower() not in ("off", "normal", "full", "extra"):
+        if not isinstance(synchronous, str) or synchronous.lower() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be off, normal, full or extra, not {synchronous!r}")
+        busy_timeout = _busy_timeout(busy_timeout)
         self.path = os.path.abspath(path)
         _prepare_file(self.path)
         self.storage = SqliteStorage(self.path, busy_timeout=busy_timeout,
@@ -1051,10 +1106,8 @@ class SqliteEngine(Engine):
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise TypeError("timeout for the SQLite engine is a positive number of seconds")
             options.setdefault("busy_timeout", float(timeout))
-        if "synchronous" in query:
-            options.setdefault("synchronous", query["synchronous"])
-        if "busy_timeout" in query:
-            options.setdefault("busy_timeout", float(query["busy_timeout"]))
+        for option, value in _options_from_query(url, query).items():
+            options.setdefault(option, value)
         return cls(path, **options)
 
     @property

@@ -131,7 +131,8 @@ class TestUrlsAndSecrets:
         engine.close()
 
     @pytest.mark.parametrize("query", ["schema=Bad-Name", "schema=1x", "pool_max_size=many",
-                                       "no_such_libpq_option=1"])
+                                       "no_such_libpq_option=1", "schema=a&schema=b",
+                                       "timeout=3&timeout=4", "timeout=nan", "timeout=-1"])
     def test_a_bad_url_option_is_refused_as_bad_url(self, base_url: str, query: str) -> None:
         with pytest.raises(qs.RequestError) as caught:
             PostgresEngine.from_url(f"{base_url}?{query}")

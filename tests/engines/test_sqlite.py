@@ -64,6 +64,44 @@ class TestTheFile:
             assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
+class TestUrlOptions:
+    @pytest.mark.parametrize("query", [
+        "synchronus=full", "busy_timeout=nan", "busy_timeout=inf", "busy_timeout=-5",
+        "busy_timeout=0", "busy_timeout=", "busy_timeout=soon", "synchronous=", "synchronous=fast",
+        "synchronous=full&synchronous=off", "busy_timeout=1&busy_timeout=2", "timeout=3",
+    ])
+    def test_a_url_option_that_is_misspelt_given_twice_or_out_of_range_is_refused_as_bad_url(
+        self, tmp_path: Path, query: str
+    ) -> None:
+        path = tmp_path / "x.db"
+        with pytest.raises(qs.RequestError) as caught:
+            qs.Queen(f"sqlite://{path}?{query}")
+        assert caught.value.code == "bad_url", caught.value
+        assert not path.exists(), "a refused URL must not create the file"
+
+    def test_an_unknown_option_is_named_only_when_it_is_a_near_miss_of_an_option(
+        self, tmp_path: Path
+    ) -> None:
+        with pytest.raises(qs.RequestError, match=r"'synchronus' \(did you mean synchronous"):
+            qs.Queen(f"sqlite://{tmp_path / 'x.db'}?synchronus=full")
+        with pytest.raises(qs.RequestError) as caught:
+            qs.Queen(f"sqlite://{tmp_path / 'x.db'}?Zq9s3cr3tT0k3n")
+        assert "Zq9s3cr3tT0k3n" not in str(caught.value), "a query key may be a secret"
+
+    @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -5.0, 0.0, True, "1"])
+    def test_a_busy_timeout_option_out_of_range_is_refused_at_the_call(
+        self, sqlite_url: str, seconds: object
+    ) -> None:
+        with pytest.raises((TypeError, ValueError), match="busy_timeout"):
+            qs.Queen(sqlite_url, busy_timeout=seconds)
+
+    def test_a_busy_timeout_in_the_url_bounds_the_wait_for_another_write(
+        self, tmp_path: Path
+    ) -> None:
+        with qs.Queen(f"sqlite://{tmp_path / 'x.db'}?busy_timeout=0.25&synchronous=FULL") as q:
+            assert q.engine.storage._busy_timeout == 0.25  # type: ignore[attr-defined]
+
+
 class TestNetworkFilesystems:
     def test_a_database_on_nfs_is_refused_with_what_to_use_instead(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -70,6 +70,8 @@ def _url_options(query: dict[str, str]) -> dict[str, Any]:
     for key, value in query.items():
         try:
             options[key] = conversions[key](value)
+            if key == "timeout":
+                parse_timeout(options[key], DEFAULT_TIMEOUT)  # refused here as the URL's
         except ValueError as exc:
             raise RequestError(f"bad {key}={value!r} in the URL", code="bad_url") from exc
     return options

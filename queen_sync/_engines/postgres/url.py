@@ -52,6 +52,8 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
     for field in fields:
         key = unquote(field.partition("=")[0])
         if key in _OWN_QUERY:
+            if key in ours:  # which one was meant? Neither is taken.
+                raise RequestError(f"the PostgreSQL URL gives {key} twice", code="bad_url")
             ours[key] = unquote(field.partition("=")[2])
         else:
             theirs.append(field)
