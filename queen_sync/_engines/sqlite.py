@@ -33,7 +33,17 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Sequence, TypeVar
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Iterator,
+    Mapping,
+    NoReturn,
+    Optional,
+    Sequence,
+    TypeVar,
+)
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._errors import (
@@ -91,6 +101,11 @@ _SWEEP_EVERY = 512
 # Seconds close() waits for a call in flight to free the connection before it leaves the
 # closing to a thread of its own: the client's budget may be spent already.
 _CLOSE_WAIT = 0.2
+# SQLite's own busy wait, per try, before a call gives the mutex up for a moment: a call
+# waiting out another process's write must not keep a fork, or close(), of this process
+# waiting behind it for the whole busy timeout.
+_BUSY_SLICE = 0.05
+_BUSY_PAUSE = 0.001  # between two tries, with the mutex free
 _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)  # UPDATE ... RETURNING, one statement
 _T = TypeVar("_T")
 # Made once: ``json.dumps`` with separators builds a new encoder at every call.
@@ -113,6 +128,18 @@ _KEYS_PER_READ = 500  # bound parameters per read of a batch's rows, below every
 _OPENING = threading.Lock()
 # Held while a new storage connects and joins ``_LIVE``, so a fork sees every connection.
 _REGISTERING = threading.Lock()
+_get_ident = threading.get_ident
+
+
+class _Holders:
+    """Which thread holds ``_OPENING`` and ``_REGISTERING`` (None: none, as far as known).
+
+    A fork from a signal handler runs in a thread that may hold either: waiting for it
+    would never end.
+    """
+
+    opening: Optional[int] = None
+    registering: Optional[int] = None
 
 
 # A prefix read's statement by (resuming after a key, bounded above): made once, not per read.
@@ -419,9 +446,14 @@ class SqliteStorage:
         self._identity: Optional[tuple[int, int]] = None
         self._sides: SideFiles = ()
         self._anchor: Optional[FileKey] = None  # the file this client's connection anchors
+        self._in_call: Optional[int] = None  # the thread inside a call, under the mutex
         with _REGISTERING:
-            self._conn: Optional[sqlite3.Connection] = self._connect()
-            _LIVE.add(self)
+            _Holders.registering = _get_ident()
+            try:
+                self._conn: Optional[sqlite3.Connection] = self._connect()
+                _LIVE.add(self)
+            finally:
+                _Holders.registering = None
         self.wake = WakeChannel(os.path.realpath(path)) if WakeChannel.supported else None
 
     def _connect(self) -> sqlite3.Connection:
@@ -434,7 +466,13 @@ class SqliteStorage:
             while True:
                 try:
                     with _OPENING:
-                        conn = self._open_claimed()
+                        _Holders.opening = _get_ident()
+                        try:
+                            generation = _Fork.generation
+                            conn = self._open_claimed()
+                            _refuse_if_forked_since(generation, conn, self.path)
+                        finally:
+                            _Holders.opening = None
                     break
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) or time.monotonic() + delay > deadline:
@@ -453,6 +491,7 @@ class SqliteStorage:
         """
         if self._identity is not None and not os.path.lexists(self.path):
             self._check_identity()  # deleted since this client opened it: say so
+        _refuse_a_file_cut_by_fork(self.path)
         key = self._safely(_anchored)
         try:
             claimed = self._safely(lambda path: claim_side_files(os.path.realpath(path)))
@@ -471,8 +510,10 @@ class SqliteStorage:
         return conn
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                               check_same_thread=False)
+        generation = _Fork.generation
+        conn = sqlite3.connect(self.path, timeout=min(self._busy_timeout, _BUSY_SLICE),
+                               isolation_level=None, check_same_thread=False)
+        _refuse_if_forked_since(generation, conn, self.path)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
@@ -560,13 +601,33 @@ class SqliteStorage:
         finally:
             # A release that ran after close() opened the file again. Whichever call holds
             # the mutex now runs this same step as it ends, so none waits for another here.
-            if self._closed and self._conn is not None and self._mutex.acquire(blocking=False):
+            mutex = self._mutex  # the one taken is the one given back: a fork renews it
+            if self._closed and self._conn is not None and mutex.acquire(blocking=False):
                 try:
                     self._close_connection()
                 finally:
-                    self._mutex.release()
+                    mutex.release()
 
     def _transaction(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
+        """``_step``, tried again while another process's write keeps the file busy.
+
+        Each try waits in SQLite for one slice at most, under the mutex; between tries the
+        mutex is free, so a fork or a close of this process waits a slice, not the whole
+        busy timeout. A busy try rolled back, so the step runs again from scratch.
+        """
+        deadline = 0.0
+        while True:
+            try:
+                return self._step(footprint, work)
+            except _Busy as busy:
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self._busy_timeout - _BUSY_SLICE  # one slice is spent
+                if now >= deadline:
+                    raise _translate(self.path, busy.error) from busy.error
+            time.sleep(_BUSY_PAUSE)
+
+    def _step(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         if self._likely_refused(footprint):
             try:
                 return self._read_only(footprint, work)
@@ -582,6 +643,7 @@ class SqliteStorage:
         # The same step as ``atomic()``, written out: this is every call's path, and two
         # generator-based context managers per call cost more than the rest of it.
         with self._mutex:
+            self._in_call = _get_ident()
             try:
                 try:
                     txn, answer = self._write(footprint, work)
@@ -590,7 +652,9 @@ class SqliteStorage:
                         raise
                     txn, answer = self._write(footprint, work)  # once, into the room made
             except sqlite3.DatabaseError as exc:
-                raise _translate(self.path, exc) from exc
+                raise _failed(self.path, exc) from exc
+            finally:
+                self._in_call = None
         return self._woken(txn, answer)
 
     def _write(self, footprint: Footprint,
@@ -633,6 +697,7 @@ class SqliteStorage:
         COMMIT), run once the file is found to be the one this client opened, as before
         every commit."""
         with self._mutex:
+            self._in_call = _get_ident()
             try:
                 conn = self._connection()
                 if not self._intact():
@@ -647,7 +712,9 @@ class SqliteStorage:
                     txn = _AloneTxn(conn, self._clock)  # once, into the room made
                     answer = work(txn)
             except sqlite3.DatabaseError as exc:
-                raise _translate(self.path, exc) from exc
+                raise _failed(self.path, exc) from exc
+            finally:
+                self._in_call = None
         return self._woken(txn, answer)
 
     def _woken(self, txn: _SqliteTxn, answer: _T) -> _T:
@@ -678,8 +745,9 @@ class SqliteStorage:
     def _read_only(self, footprint: Footprint, work: Callable[[StorageTxn], _T]) -> _T:
         """Run ``work`` on a read snapshot, committing nothing; ``_NeedsWrite`` if it writes."""
         with self._mutex:
-            self._refuse_if_closed(footprint)
+            self._in_call = _get_ident()
             try:
+                self._refuse_if_closed(footprint)
                 conn = self._connection()
                 try:
                     conn.execute("BEGIN")  # deferred: a snapshot, and no write lock
@@ -688,26 +756,39 @@ class SqliteStorage:
                 finally:
                     _rollback(conn)
             except sqlite3.DatabaseError as exc:
-                raise _translate(self.path, exc) from exc
+                raise _failed(self.path, exc) from exc
+            finally:
+                self._in_call = None
         return answer
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[_SqliteTxn]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back."""
-        with self._mutex, _translated(self.path):
-            self._refuse_if_closed(None)
-            conn = self._connection()
-            try:
-                # Inside the try: a Ctrl-C landing just after BEGIN must still roll back, or
-                # the write lock stays taken for every process on the file.
-                conn.execute("BEGIN IMMEDIATE")
-                txn = _SqliteTxn(conn, self._clock)
-                yield txn
-                self._refuse_if_closed(None)
-                self._commit(txn)
-            except BaseException:
-                _rollback(conn)
-                raise
+        """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back.
+
+        Its BEGIN is tried again, with the mutex freed between tries, as every call is.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            with self._mutex, _translated(self.path):
+                self._in_call = _get_ident()
+                try:
+                    self._refuse_if_closed(None)
+                    conn = self._connection()
+                    try:
+                        # Inside the try: a Ctrl-C landing just after BEGIN must still roll
+                        # back, or the write lock stays taken for every process on the file.
+                        if _began(conn, deadline):
+                            txn = _SqliteTxn(conn, self._clock)
+                            yield txn
+                            self._refuse_if_closed(None)
+                            self._commit(txn)
+                            return
+                    except BaseException:
+                        _rollback(conn)
+                        raise
+                finally:
+                    self._in_call = None
+            time.sleep(_BUSY_PAUSE)
 
     def _connection(self) -> sqlite3.Connection:
         """The open connection, made first if there is none (the caller holds the mutex)."""
@@ -755,9 +836,11 @@ class SqliteStorage:
         # Not while another client of this process opens the file: closing it last, SQLite
         # here would delete the side files that client just claimed.
         with _OPENING:
+            _Holders.opening = _get_ident()
             try:
                 conn.close()
             finally:
+                _Holders.opening = None
                 if anchor is not None:
                     release_anchor(anchor)
 
@@ -766,11 +849,12 @@ class SqliteStorage:
         self._closed = True
         # Closed before it leaves _LIVE, both under the mutex: a fork meanwhile waits for the
         # mutex, so it never carries this connection, half closed, into the child.
-        if self._mutex.acquire(timeout=_CLOSE_WAIT):
+        mutex = self._mutex  # the one taken is the one given back: a fork renews it
+        if mutex.acquire(timeout=_CLOSE_WAIT):
             try:
                 self._close_connection()
             finally:
-                self._mutex.release()
+                mutex.release()
         else:
             # A call holds it: waiting out another process's write (SQLite's busy wait), or
             # this very thread's, cut into by a signal handler. Closed once that call ends.
@@ -785,8 +869,12 @@ class SqliteStorage:
 
     def _close_connection(self) -> None:
         """Close the connection for good (the caller holds the mutex)."""
-        self._disconnect()
-        _LIVE.discard(self)
+        self._in_call = _get_ident()  # a fork from a signal handler here must not wait
+        try:
+            self._disconnect()
+            _LIVE.discard(self)
+        finally:
+            self._in_call = None
 
 
 def _anchored(path: str) -> FileKey:
@@ -826,6 +914,20 @@ def _rollback_once(conn: sqlite3.Connection) -> None:
 
 _LIVE: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
 _HELD_ACROSS_FORK: list[SqliteStorage] = []
+# Storages the forking thread itself is inside a call of (a signal handler that forks),
+# with their connections: those cross the fork open, so the child must never close them.
+_CUT_ACROSS_FORK: list[tuple[SqliteStorage, Optional[sqlite3.Connection]]] = []
+
+
+class _Fork:
+    """What the fork hooks took, and what a child cannot use."""
+
+    generation = 0  # how many forks this process is from the one that loaded the module
+    took_registering = False
+    took_opening = False
+    kept_open: ClassVar[list[Optional[sqlite3.Connection]]] = []  # in a child: never closed
+    unusable: ClassVar[set[tuple[int, int]]] = set()  # in a child: files (dev, inode) refused
+    all_unusable = False  # in a child forked while its own thread was opening a file
 
 
 def _before_fork() -> None:
@@ -834,29 +936,95 @@ def _before_fork() -> None:
     # then trust locks only the parent holds, and the parent, once it closes, would believe
     # itself the last user and delete the WAL the child writes to. So no connection of ours
     # stays open across a fork: wait for any call in flight, close, reconnect at next use.
-    _REGISTERING.acquire()
+    # A call of the forking thread itself (a signal handler forking) cannot be waited for:
+    # its store is left as it is, and the child refuses that file.
+    me = _get_ident()
+    cut_open = me in (_Holders.opening, _Holders.registering)
+    _Fork.took_registering = _Holders.registering != me
+    if _Fork.took_registering:
+        _REGISTERING.acquire()
     for storage in list(_LIVE):
+        if cut_open or storage._in_call == me:
+            _CUT_ACROSS_FORK.append((storage, storage._conn))
+            continue
         storage._mutex.acquire()
         _HELD_ACROSS_FORK.append(storage)
         try:
             storage._disconnect()
         except sqlite3.Error:
             log.warning("closing %s before fork failed", storage.path, exc_info=True)
-    _OPENING.acquire()  # last: a call in flight may be (re)connecting under its mutex
+    _Fork.took_opening = not cut_open
+    if _Fork.took_opening:
+        _OPENING.acquire()  # last: a call in flight may be (re)connecting under its mutex
 
 
 def _after_fork_in_parent() -> None:
-    _OPENING.release()
+    if _Fork.took_opening:
+        _OPENING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex.release()
-    _REGISTERING.release()
+    del _CUT_ACROSS_FORK[:]
+    if _Fork.took_registering:
+        _REGISTERING.release()
 
 
 def _after_fork_in_child() -> None:
-    _OPENING.release()
+    global _OPENING, _REGISTERING
+    _Fork.generation += 1
+    if not (_Fork.took_opening and _Fork.took_registering):
+        # This thread held one of them in the parent, inside code the fork cut short.
+        _Fork.all_unusable = True
+        _OPENING, _REGISTERING = threading.Lock(), threading.Lock()
+        _Holders.opening = _Holders.registering = None
+    else:
+        _OPENING.release()
+        _REGISTERING.release()
     while _HELD_ACROSS_FORK:
         _HELD_ACROSS_FORK.pop()._mutex = threading.Lock()
-    _REGISTERING.release()
+    while _CUT_ACROSS_FORK:
+        storage, conn = _CUT_ACROSS_FORK.pop()
+        _Fork.kept_open.append(conn)
+        if conn is not None:
+            # The call the fork cut short resumes here too, on a connection whose locks are
+            # the parent's: every statement it runs from now on is aborted before it writes.
+            conn.set_progress_handler(_abort, 1)
+        if storage._identity is not None:
+            _Fork.unusable.add(storage._identity)
+        storage._conn, storage._in_call, storage._mutex = None, None, threading.Lock()
+
+
+def _abort() -> int:
+    return 1
+
+
+def _refuse_if_forked_since(generation: int, conn: sqlite3.Connection, path: str) -> None:
+    """Refuse ``conn``, opened in the parent, when a fork cut in since: its locks are not ours.
+
+    Only a fork from a signal handler, inside the opening, gets here; every statement
+    the connection would run is aborted first, and it is never closed.
+    """
+    if generation != _Fork.generation:
+        conn.set_progress_handler(_abort, 1)
+        _Fork.kept_open.append(conn)
+        raise EngineError(f"this process was forked while it opened SQLite database {path} "
+                          "(from a signal handler, say): the connection is the parent's, and "
+                          "this process cannot use the file safely")
+
+
+def _refuse_a_file_cut_by_fork(path: str) -> None:
+    """Refuse, in a child forked from inside a call on it, the file at ``path``."""
+    if not (_Fork.all_unusable or _Fork.unusable):
+        return
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # no such file yet: nothing of it came across the fork
+    if _Fork.all_unusable or (info.st_dev, info.st_ino) in _Fork.unusable:
+        raise EngineError(
+            f"this process was forked from inside a call on SQLite database {path} (a signal "
+            "handler that forked, say): SQLite's record of the file's locks came across the "
+            "fork, so this process cannot use the file safely; fork outside such calls, or "
+            "use the file from a process started afresh")
 
 
 if hasattr(os, "register_at_fork"):
@@ -871,6 +1039,42 @@ def _translated(path: str) -> Iterator[None]:
         yield
     except sqlite3.DatabaseError as exc:
         raise _translate(path, exc) from exc
+
+
+class _Busy(Exception):
+    """A try of a step found the file busy with another process's write, and rolled back."""
+
+    def __init__(self, error: sqlite3.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+_SQLITE_BUSY = 5  # SQLite's primary result code, as ``_SQLITE_FULL`` below
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # set from Python 3.11
+    if isinstance(code, int):
+        return code & 0xFF == _SQLITE_BUSY
+    return "database is locked" in str(exc)
+
+
+def _began(conn: sqlite3.Connection, deadline: float) -> bool:
+    """``BEGIN IMMEDIATE`` on ``conn``; False when the file stayed busy for a slice."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if not _is_busy(exc) or time.monotonic() >= deadline:
+            raise
+        return False
+    return True
+
+
+def _failed(path: str, exc: sqlite3.DatabaseError) -> Exception:
+    """What a step raises for ``exc``: ``_Busy`` to be tried again, else the translation."""
+    if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+        return _Busy(exc)
+    return _translate(path, exc)
 
 
 def _translate(path: str, exc: sqlite3.DatabaseError) -> Exception:
@@ -940,8 +1144,12 @@ def _prepare_file(path: str) -> None:
         # locks on it, so closing the descriptor drops none.
         real = os.path.realpath(path)  # a checked symlink's target, made if missing
         with _OPENING, contextlib.suppress(FileExistsError):
-            if not _link_new_store(real):
-                os.close(os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            _Holders.opening = _get_ident()
+            try:
+                if not _link_new_store(real):
+                    os.close(os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            finally:
+                _Holders.opening = None
     except OSError as exc:
         raise EngineUnavailableError(f"cannot open SQLite database {path}: {exc}") from exc
 

@@ -284,6 +284,43 @@ class TestForkWhileAnotherProcessWrites:
             "before the writer let go: the test did not hold the write lock")
 
 
+    def test_a_fork_while_another_thread_waits_out_the_writer_returns_before_it_lets_go(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "q.db"
+        report = run_worker("fork_during_a_busy_wait", f"sqlite://{path}", str(path))
+        assert report["writer_released"] == "told", (
+            "os.fork() waited out another process's write, which another thread's call was "
+            f"waiting for: {report}")
+        assert report["waiter_wrote"] and report["child_wrote"], f"a call failed: {report}"
+        assert report["stored"] == ["before", "child", "waiter"], report
+
+
+class TestForkFromInsideACall:
+    def test_the_parent_goes_on_and_the_child_is_refused_the_file_instead_of_a_deadlock(
+        self, tmp_path: Path
+    ) -> None:
+        report = run_worker("fork_inside_a_call", f"sqlite://{tmp_path / 'q.db'}")
+        assert report["parent_resumed"] == "nothing (answered True)", report
+        assert report["parent_after"] and report["integrity"] == "ok", report
+        assert not report["resumed"].startswith("nothing"), (
+            f"the call the fork cut short went on in the child, on the parent's locks: {report}")
+        for side in ("inherited", "fresh"):
+            assert report[side].startswith("EngineError") and "fork" in report[side], (
+                f"the child's {side} client must refuse the file it cannot lock: {report}")
+        assert report["stored"] == ["after", "before", "parent"], report
+
+    def test_a_fork_from_inside_a_reconnection_leaves_the_parent_working_and_the_child_refused(
+        self, tmp_path: Path
+    ) -> None:
+        report = run_worker("fork_inside_a_reconnect", f"sqlite://{tmp_path / 'q.db'}")
+        assert report["parent_resumed"] == "nothing (answered True)", report
+        assert report["stored"] == ["before", "parent"], report
+        assert not report["resumed"].startswith("nothing"), (
+            f"the call the fork cut short went on in the child, on the parent's locks: {report}")
+        assert report["fresh"].startswith("EngineError") and "fork" in report["fresh"], report
+
+
 def _chown_to_nobody(path: Path) -> None:
     nobody = pwd.getpwnam("nobody")
     os.lchown(path, nobody.pw_uid, nobody.pw_gid)
