@@ -372,12 +372,14 @@ def split_permit_key(key: str) -> Optional[tuple[str, Optional[int]]]:
     """The lock name and slot of a permit key ``name#slot``; ``None`` when it holds no ``#``.
 
     Names never hold ``#``, so the last one splits. The slot is ``None`` when the tail is
-    not one ``permit_key`` writes (a key put there through the KV wire, say).
+    not one ``permit_key`` writes (a key put there through the KV wire, say): not a
+    number in canonical form, or beyond every limit's slots.
     """
     name, sep, tail = key.rpartition("#")
     if not sep:
         return None
-    return name, int(tail) if _SLOT.fullmatch(tail) else None
+    slot = int(tail) if _SLOT.fullmatch(tail) else MAX_LIMIT
+    return name, slot if slot < MAX_LIMIT else None
 
 
 def guard_op(name: str, slot: int, token: int) -> dict[str, Any]:

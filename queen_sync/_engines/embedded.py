@@ -220,8 +220,10 @@ def _slot_of(row: Row) -> Optional[int]:
 
 
 def _owner_of(row: Row) -> Optional[str]:
+    """The permit's owner; ``None`` for a row put there by hand that names none as text."""
     value = row.value
-    return value.get("owner") if isinstance(value, dict) else None
+    owner = value.get("owner") if isinstance(value, dict) else None
+    return owner if isinstance(owner, str) else None
 
 
 def _permits(step: _Step, name: str) -> list[tuple[int, Row]]:

@@ -271,6 +271,34 @@ class TestSemaphore:
         assert grant and grant["slot"] == 1, grant
 
 
+class TestRowsWrittenByHandIntoThePermitNamespace:
+    """``queen-locks`` is an ordinary namespace: a KV write can put anything there."""
+
+    @pytest.mark.parametrize("value", ["junk", {"owner": 5}, {"owner": None}, [1], None,
+                                       {"owner": "old", "limit": "three"}])
+    def test_a_row_that_is_no_permit_holds_its_slot_for_an_unknown_owner(
+        self, q: qs.Queen, value: Any
+    ) -> None:
+        q.kv.put("queen-locks", "job#0", value, ttl_seconds=30)
+        owner = value.get("owner") if isinstance(value, dict) else None
+        owner = owner if isinstance(owner, str) else None
+        refused = acquire(q, "job", "bob")
+        assert not refused and refused["reason"] == "held", refused
+        assert [(h["slot"], h["owner"]) for h in refused["holders"]] == [(0, owner)], refused
+        lock = q.lock("job", ttl=30)
+        assert not lock.acquire(), "the slot is taken"
+        assert [(h.slot, h.owner) for h in lock.holders] == [(0, owner)], lock.holders
+        grant = acquire(q, "job", "bob", limit=2)
+        assert grant and grant["slot"] == 1, grant
+
+    def test_keys_that_name_no_slot_hold_nothing(self, q: qs.Queen) -> None:
+        for key in ("job#", "job#x", "job#-1", "job#01", "job#1024", "job#" + "9" * 30):
+            q.kv.put("queen-locks", key, {"owner": "planted"}, ttl_seconds=30)
+        grant = acquire(q, "job", "bob")
+        assert grant and grant["slot"] == 0, grant
+        assert [h["owner"] for h in q.locks.get("job")["holders"]] == ["bob"]
+
+
 class TestBadLockOps:
     @pytest.mark.parametrize("name", ["", "a#b", "tab\there", "x" * 257])
     def test_a_bad_name_is_refused_at_the_call(self, q: qs.Queen, name: str) -> None:
