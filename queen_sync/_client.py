@@ -29,7 +29,7 @@ from ._handle.renewer import GiveBack, Renewer
 from ._handle.transaction import Transaction
 from ._metrics import Metrics
 from ._ops import MAX_LIMIT, LockOps, check_int
-from ._process import EXIT_BUDGET, forget, track
+from ._process import EXIT_BUDGET, ProcessBound, forget, track
 from ._results import Result
 
 log = logging.getLogger("queen_sync")
@@ -133,7 +133,7 @@ class Locks:
         return self._client._call_locks([op])[0]
 
 
-class Queen:
+class Queen(ProcessBound):
     """A client: one engine chosen by URL, the handles it makes, and one renewer thread.
 
     Args:
@@ -149,6 +149,8 @@ class Queen:
         renew_thread: False to drive ``q.renewer.tick()`` by hand (tests).
         **options: engine options (e.g. ``headers``, ``verify``, ``schema``).
     """
+
+    _remake = "open another with Queen(url)"
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ import atexit
 import logging
 import os
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, NoReturn, SupportsIndex
 
 log = logging.getLogger("queen_sync")
 
@@ -35,6 +35,25 @@ class _Forks:
 
 
 forks = _Forks()
+
+
+class ProcessBound:
+    """An object made of this process's threads, connections and lease bookkeeping.
+
+    A copy would be a second record of the same leases that drifts apart from the first
+    (the copy releases, the original still believes it holds), and a pickle cannot carry
+    threads or connections, so both are refused with what to do instead.
+    """
+
+    __slots__ = ()
+    _remake: ClassVar[str] = "make another"  # how to get a second one, for the error
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        # copy.copy, copy.deepcopy and pickle all come here when nothing else is defined.
+        raise TypeError(
+            f"a {type(self).__name__} cannot be copied or pickled: it is this process's "
+            f"bookkeeping of live leases and connections; {self._remake}, and in another "
+            "process open a Queen(...) of its own")
 
 
 def track(client: Any, *, close: Callable[[float], None],

@@ -39,7 +39,7 @@ from .._errors import (
 )
 from .._notebook.rerun import cell_number, supersede_earlier
 from .._ops import MAX_LIMIT, LockOps, check_int, check_name, check_owner, guard_op, mint_owner
-from .._process import forks
+from .._process import ProcessBound, forks
 from .._results import Holder, RunResult, granted_permit, holders_from_wire, lock_verdict
 from .interrupts import block_closed, block_opened, bookkeeping, interrupts_held
 
@@ -151,7 +151,7 @@ def wait_seconds(wait: Optional[Duration]) -> float:
     return parse_duration(wait, what="wait")
 
 
-class Lock:
+class Lock(ProcessBound):
     """A lease on one permit of ``name`` (a semaphore handle has ``limit > 1``).
 
     Creating it sends nothing. ``acquire`` takes a permit, a background renewer
@@ -176,6 +176,8 @@ class Lock:
     that no ``with``/``run`` block is using and that no notebook variable still
     refers to. Outside IPython, handles contend as usual.
     """
+
+    _remake = "make another handle with q.lock(name, ...) or q.semaphore(name, limit, ...)"
 
     def __init__(
         self,

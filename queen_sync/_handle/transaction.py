@@ -18,6 +18,7 @@ from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration
 from .._errors import LockNotHeldError, RequestError, UnsupportedOperationError
+from .._process import ProcessBound
 from .._results import Result
 from . import queue_ops
 from .kv import KvOpBuilders
@@ -164,12 +165,14 @@ class _BundleTimer:
                                   zstd=self._zstd, reschedule=reschedule)
 
 
-class Transaction:
+class Transaction(ProcessBound):
     """A bundle of guarded KV writes, queue pushes, acks and timers; build it, then ``commit()``.
 
     Queue riders (``queue``, ``ack``, ``timer``) exist only on a Queen broker; on the
     embedded engines they raise ``UnsupportedOperationError`` when added.
     """
+
+    _remake = "build another with q.transaction()"
 
     def __init__(self, client: Caller) -> None:
         self._client = client
