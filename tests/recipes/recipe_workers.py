@@ -191,6 +191,10 @@ def exporter(args: dict[str, Any]) -> None:
 
     def produce(partition: str) -> str:
         report("producing", partition=partition, token=export_lock_token(q, args["name"]))
+        if partition == args.get("stall_at"):
+            # Stopped by itself, not by the test: a SIGSTOP sent on reading the event
+            # above could land after this partition was written, on a loaded machine.
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(args["delay"])
         return json.dumps({"partition": partition, "by": args["me"]})
 

@@ -26,9 +26,8 @@ class TestAnExporterPausedMidExportAndReplaced:
         out = tmp_path / "out"
         common = {"url": sqlite_url, "name": "sales", "out": str(out), "ttl": TTL,
                   "partitions": PARTITIONS}
-        old = spawn("exporter", me="old", delay=0.15, **common)
+        old = spawn("exporter", me="old", delay=0.15, stall_at="p03", **common)
         paused_on = old.wait_for("producing", where=lambda e: e["partition"] == "p03")
-        old.signal(signal.SIGSTOP)
         time.sleep(TTL + 0.2)  # past the old holder's lease, by the engine's clock too
 
         new = spawn("exporter", me="new", delay=0.01, wait=10, **common)

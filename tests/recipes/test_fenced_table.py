@@ -110,9 +110,8 @@ class TestAnExporterStalledMidExportAndReplaced:
             self, spawn: Spawn, engine_on_pg: str, pg_url: str, user_table: str) -> None:
         common = {"url": engine_on_pg, "dsn": pg_url, "table": user_table, "name": "sales",
                   "ttl": TTL, "partitions": PARTITIONS}
-        old = spawn("exporter", me="old", delay=0.15, **common)
+        old = spawn("exporter", me="old", delay=0.15, stall_at="p03", **common)
         paused_on = old.wait_for("producing", where=lambda e: e["partition"] == "p03")
-        old.signal(signal.SIGSTOP)
         time.sleep(TTL + 0.2)  # past the old holder's lease, by the engine's clock too
 
         new = spawn("exporter", me="new", delay=0.01, wait=10, **common)
