@@ -428,3 +428,48 @@ class TestUrlErrors:
         with pytest.raises(qs.RequestError) as refused:
             qs.Queen(url, renew_thread=False).close()
         assert shown in str(refused.value), f"the URL is shown masked: {refused.value}"
+
+
+def _usage_shapes(url: str) -> list[list[str]]:
+    """Command lines argparse refuses, each with ``url`` where a typist may leave it."""
+    return [["run", "j", "--url", url, "python", "job.py"],
+            ["run", "j", f"--url={url}", "python", "job.py"],
+            ["--url", url, "run", "j", "--ttl", "1m", "python", url],
+            ["ping", url], [url, "ping"], ["holders", "--url", url, "--bogus", "x"],
+            ["--ur", url, "run", "j", "sh", "-c", "true"]]
+
+
+class TestUsageErrors:
+    """A refused command line echoes its words, but never a secret a URL among them holds."""
+
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(secret=_SECRET, shape=st.integers(0, 6),
+           form=st.sampled_from(["postgresql://app:{}@db:5432/q",
+                                 "postgresql://db/q?sslmode=disable&password={}",
+                                 "https://broker.example:6632/?token={}",
+                                 "http://{}@broker.example:6632",
+                                 "host=db user=app password={} dbname=q"]))
+    def test_no_secret_of_a_url_reaches_a_usage_error(
+            self, capsys: pytest.CaptureFixture[str], secret: str, shape: int,
+            form: str) -> None:
+        from queen_sync._front.cli import main
+
+        argv = _usage_shapes(form.format(secret))[shape]
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        out, err = capsys.readouterr()
+        assert stopped.value.code == 2, f"{argv}: bad usage exits 2: {stopped.value.code}, {err!r}"
+        assert err.startswith("queen-sync: "), f"{argv}: a usage error is said: {err!r}"
+        assert secret not in out + err, f"{argv}: the secret {secret!r} shows in: {err!r}"
+
+    def test_the_hint_still_shows_where_the_url_goes_with_its_password_masked(
+            self, capsys: pytest.CaptureFixture[str]) -> None:
+        from queen_sync._front.cli import main
+
+        with pytest.raises(SystemExit):
+            main(["run", "j", "--url", "postgresql://app:Zq9pw@db/q", "python", "job.py"])
+        err = capsys.readouterr().err
+        assert ("put the command after --: queen-sync run j --url 'postgresql://***@db/q'"
+                " -- python job.py") in err, f"the fixed line, URL masked: {err!r}"

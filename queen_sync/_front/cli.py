@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
 from .._durations import MIN_TTL_SECONDS, lease_seconds, parse_duration, utc_text
+from .._engines.base import redact_url_for_error
 from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
@@ -113,11 +114,34 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=30)
 
 
+_URL_IN_TEXT = re.compile(r"""[^\s'"]*://[^\s'"]*""")
+# A ``password=`` field of a key-value connection string, which holds no ``://`` to find.
+_PASSWORD_FIELD = re.compile(r"""((?:ssl)?password\s*=\s*)('[^']*'?|[^\s'"]+)""", re.I)
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the option, as Unix tools print them; exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {option_first(message)}\n")
+        self.exit(2, f"{self.prog}: {_mask_urls(option_first(message))}\n")
+
+
+def _mask_urls(text: str) -> str:
+    """``text`` with every URL in it masked, for argparse's echo of a word it refused."""
+    text = _URL_IN_TEXT.sub(lambda found: redact_url_for_error(found.group()), text)
+    return _PASSWORD_FIELD.sub(r"\1***", text)
+
+
+def _masked_word(word: str, url: Optional[str]) -> str:
+    """A command-line word as a usage error may echo it: the engine URL's secrets masked.
+
+    A key-value connection string holds no ``://`` to find, so the ``--url`` value, whatever
+    its form, is masked where it stands.
+    """
+    if url and url in word:
+        shown = redact_url_for_error(url) if "://" in url else "***" if "=" in url else url
+        return word.replace(url, shown)
+    return _mask_urls(word)
 
 
 def option_first(message: str) -> str:
@@ -241,7 +265,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(words)
     if extra:
-        parser.error(_unrecognized(args.command, words, extra, bool(command)))
+        shown = [_masked_word(word, getattr(args, "url", None)) for word in words]
+        parser.error(_unrecognized(args.command, shown,
+                                   [_masked_word(w, getattr(args, "url", None)) for w in extra],
+                                   bool(command)))
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
