@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import shlex
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
@@ -26,7 +27,7 @@ from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
 from .._version import __version__
-from .cli_child import Child
+from .cli_child import Child, StopRequested, StopSignals
 from .singleton import LOST_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -292,6 +293,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return EX_READER_GONE
+    except KeyboardInterrupt:
+        return _failed(args, "interrupted (SIGINT)", 128 + signal.SIGINT)
+    except StopRequested as stopped:  # it came before the run's lease was asked for
+        return _failed(args, f"stopped ({signal.Signals(stopped.signum).name})",
+                       128 + stopped.signum)
     finally:
         logger.removeHandler(handler)
 
@@ -361,24 +367,43 @@ def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: b
         lock = client.semaphore(args.name, args.limit, ttl=args.ttl)
     else:
         lock = client.lock(args.name, ttl=args.ttl)
-    if not lock.acquire(wait=args.wait):
-        print(f"queen-sync: {args.name!r} is busy: {describe_holders(lock.holders)}",
-              file=sys.stderr)
-        code = int(args.busy_exit_code)
-        if as_json:
-            _print_result(_run_json(lock.name, code, holders=[_holder_json(args.name, h)
-                                                              for h in lock.holders]))
-        return code
-    held: dict[str, Any] = {"acquired": True, "owner": lock.owner, "token": lock.token,
-                            "slot": lock.slot}
-    started = time.monotonic()
-    try:
-        code = Child(lock, command, args.grace).run()
-    finally:
-        held["released"] = _final_release(lock)
+    with StopSignals() as stops:
+        try:
+            acquired = lock.acquire(wait=args.wait)
+            stops.held()
+        except StopRequested as stopped:
+            stops.held()
+            return _stopped_taking(lock, stopped.signum, as_json)
+        if not acquired:
+            print(f"queen-sync: {args.name!r} is busy: {describe_holders(lock.holders)}",
+                  file=sys.stderr)
+            code = int(args.busy_exit_code)
+            if as_json:
+                _print_result(_run_json(lock.name, code, holders=[_holder_json(args.name, h)
+                                                                  for h in lock.holders]))
+            return code
+        held: dict[str, Any] = {"acquired": True, "owner": lock.owner, "token": lock.token,
+                                "slot": lock.slot}
+        started = time.monotonic()
+        try:
+            code = Child(lock, command, args.grace).run(stops)
+        finally:
+            held["released"] = _final_release(lock)
     if as_json:
         _print_result(_run_json(lock.name, code, lost=lock.lost_reason,
                                 held_seconds=round(time.monotonic() - started, 3), **held))
+    return code
+
+
+def _stopped_taking(lock: Lock, signum: int, as_json: bool) -> int:
+    """A stop signal cut the acquire (or its wait) short: nothing runs, nothing stays held."""
+    released = _final_release(lock) if lock.held else False  # it landed just after the grant
+    name = signal.Signals(signum).name
+    why = f"{name} while taking the lease on {lock.name!r}; the command was not run"
+    print(f"queen-sync: {why}", file=sys.stderr)
+    code = 128 + signum
+    if as_json:
+        _print_result(_run_json(lock.name, code, released=released, error=why))
     return code
 
 

@@ -29,6 +29,48 @@ if TYPE_CHECKING:
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
 
+class StopRequested(BaseException):
+    """A stop signal came while the lease was being taken (a BaseException, as Ctrl-C's)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopSignals:
+    """Catches the forwarded signals from before the acquire until after the release.
+
+    Their default action would end queen-sync holding a lease that nobody releases, left
+    for its TTL. While the lease is being taken, the first one raises ``StopRequested``
+    (the lock gives back what an acquire cut short took); once ``held()`` each is only
+    noted, so the command is not started, or gets it forwarded.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.raising = True
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for sig in _signals():
+            self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def held(self) -> None:
+        """The acquire is over: from here a signal is noted, never raised."""
+        self.raising = False
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if self.raising:
+            self.raising = False  # once: a second signal must not cut the give-back short
+            raise StopRequested(signum)
+
+
 class Child:
     """The command under the lease: forwarded signals, and stopped when the lease is lost."""
 
@@ -40,13 +82,29 @@ class Child:
         self.kill_at: Optional[float] = None  # monotonic; when the group gets SIGKILL
         self.killed = False  # the group got SIGKILL: nothing of it runs user code any more
         self.finished = False  # supervision is over: the group's number may name another
+        self.pending: list[int] = []  # signals that came while the command was starting
 
     def environment(self) -> dict[str, str]:
         lock = self.lock
         return dict(os.environ, QUEEN_LOCK_NAME=lock.name, QUEEN_LOCK_OWNER=lock.owner,
                     QUEEN_LOCK_TOKEN=str(lock.token), QUEEN_LOCK_SLOT=str(lock.slot))
 
-    def run(self) -> int:
+    def run(self, stops: StopSignals) -> int:
+        """The command's exit code; ``stops`` noted the signals that came while taking the lease.
+
+        The forwarding handlers go in before anything is started, and a signal that lands
+        before the command's process exists is kept and sent to its group once it does.
+        """
+        previous = {sig: signal.signal(sig, self._forward) for sig in _signals()}
+        try:
+            if stops.received:  # asked to stop before the command started: it never does
+                return _not_run_after(stops.received[0])
+            return self._start_and_supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _start_and_supervise(self) -> int:
         # The watchdog comes first and learns the group from the command's own process
         # before exec, so no instruction of the command runs unwatched.
         watchdog = _Watchdog.start()
@@ -59,14 +117,13 @@ class Child:
         except (OSError, subprocess.SubprocessError) as exc:
             _dismiss(watchdog)
             return _not_started(self.command[0], exc)
-        if watchdog is not None:
-            watchdog.warn_if_gone()
-        previous = {sig: signal.signal(sig, self._forward) for sig in _signals()}
         try:
+            for signum in self.pending:
+                self._forward(signum, None)
+            if watchdog is not None:
+                watchdog.warn_if_gone()
             return self._supervise(self.process)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self._reap(self.process)
             _dismiss(watchdog)
 
@@ -79,6 +136,9 @@ class Child:
         return _shell_code(process.wait())
 
     def _forward(self, signum: int, frame: Any) -> None:
+        if self.process is None:  # still starting: the group gets it once it exists
+            self.pending.append(signum)
+            return
         self._signal_group(signum)
         if signum in _STOPPING and self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
@@ -160,6 +220,12 @@ _POLL = 0.05  # seconds between looks at the command and the lease
 _KILL_WAIT = 1.0  # seconds a SIGKILLed group gets to vanish
 
 
+def _not_run_after(signum: int) -> int:
+    print(f"queen-sync: {signal.Signals(signum).name} came before the command started; "
+          "it was not run", file=sys.stderr)
+    return 128 + signum
+
+
 def _not_started(program: str, exc: BaseException) -> int:
     """Reports a command that could not be started: 127 not found, 126 not executable."""
     if isinstance(exc, FileNotFoundError) and not _exists(program):
@@ -208,15 +274,16 @@ def prepare_child(watchdog: Optional[int]) -> Optional[Callable[[], None]]:
 
 
 def _name_group(fd: int) -> None:
-    # SIGPIPE is back at its default here: a watchdog that died must not kill the command
-    # before it starts (queen-sync warns about the missing watchdog instead).
-    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # SIGPIPE is back at its default here (``restore_signals``): a watchdog that died must
+    # not kill the command before it starts (queen-sync warns about the missing watchdog
+    # instead). Python's own record still says "ignored", so the default is set by name.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         os.write(fd, b"%d\n" % os.getpgid(0))
     except OSError:
         pass
     finally:
-        signal.signal(signal.SIGPIPE, previous)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def die_with_parent() -> Optional[Callable[[], None]]:
