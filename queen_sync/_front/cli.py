@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 EX_BUSY = 75  # EX_TEMPFAIL: somebody else holds it, try again later
 EX_UNAVAILABLE = 69  # EX_UNAVAILABLE: the engine could not be reached
 EX_NOT_RELEASED = 1
+EX_IOERR = 74  # EX_IOERR: stdout could not be written (closed, or a full disk)
 EX_READER_GONE = 128 + 13  # what a shell reports for a tool that SIGPIPE ended, as `yes | head`
 
 _EPILOG = """\
@@ -282,8 +283,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logger.addHandler(handler)
     try:
         code = _dispatch(args, command)
-        sys.stdout.flush()  # here, not at exit, so a reader that went away is seen here
+        _flush_stdout()  # here, not at exit, so a reader that went away is seen here
         return code
+    except _StdoutFailed as exc:
+        _quiet_stdout()
+        print(f"queen-sync: could not write to stdout: {exc}", file=sys.stderr)
+        return EX_IOERR
     except RequestError as exc:  # before EngineError: a broker's 400 is both, and is ours
         return _failed(args, str(exc), 2)
     except EngineError as exc:
@@ -318,6 +323,8 @@ def _failed(args: argparse.Namespace, message: str, code: int) -> int:
 
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null once its reader has gone, so the exit-time flush is silent."""
+    if sys.stdout is None:  # started closed: nothing is buffered for it
+        return
     with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (a test's)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -416,11 +423,15 @@ def _run_json(name: str, exit_code: int, **outcome: Any) -> dict[str, Any]:
 
 
 def _print_result(result: dict[str, Any]) -> None:
-    """A run's result line; a reader that went away changes nothing: the exit code stands."""
+    """A run's result line; a stdout that cannot take it changes nothing: the exit code stands."""
     try:
         _print_json(result)
     except BrokenPipeError:
         _quiet_stdout()
+    except _StdoutFailed as exc:
+        _quiet_stdout()
+        print(f"queen-sync: warning: could not write the --json result to stdout: {exc}",
+              file=sys.stderr)
 
 
 def _final_release(lock: Lock) -> bool:
@@ -462,9 +473,9 @@ def _holders(client: Queen, names: list[str], as_json: bool) -> int:
     if rows:
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         for line in table:
-            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+            _emit("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     for name in free:
-        print(f"{name}: free")
+        _emit(f"{name}: free")
     return 0
 
 
@@ -473,7 +484,7 @@ def _release(client: Queen, name: str, token: int, slot: Optional[int], as_json:
     if as_json:
         _print_json({"name": name, "token": token, **answer})
     elif answer:
-        print(f"released {name!r} (token {token})")
+        _emit(f"released {name!r} (token {token})")
     else:
         print(f"nothing released: token {token} is not a live permit of {name!r} "
               f"({answer.get('reason')})", file=sys.stderr)
@@ -493,10 +504,37 @@ def _ping(client: Queen, as_json: bool) -> int:
                      "latency_ms": round(latency_ms, 3)})
     else:
         verdict = "ok" if ok else "FAILED"
-        print(f"{verdict}: {client.engine.kind} at {client.url}, acquire + release in "
+        _emit(f"{verdict}: {client.engine.kind} at {client.url}, acquire + release in "
               f"{latency_ms:.1f} ms")
     return 0 if ok else 1
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=None, sort_keys=True), flush=True)
+    _emit(json.dumps(value, indent=None, sort_keys=True))
+
+
+class _StdoutFailed(Exception):
+    """stdout could not take a line (closed, or a full disk): one line on stderr, exit 74."""
+
+
+def _emit(line: str) -> None:
+    """``line`` on stdout, flushed, so a stdout that cannot take it fails here, typed."""
+    if sys.stdout is None:  # started with it closed (``>&-``)
+        raise _StdoutFailed("stdout is closed")
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: closed under us
+        raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from exc
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is None:
+        return
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from exc

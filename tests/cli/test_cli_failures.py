@@ -152,3 +152,44 @@ class TestOneLineMessages:
             in err, err
         assert "-- --" not in err and "put the command after" not in err, (
             f"the hint would run a program called {extra[0]}: {err!r}")
+
+
+def _with_stdout(cli: Cli, stdout: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``queen-sync ARGS`` with stdout ``/dev/full`` (every write fails) or ``closed``."""
+    if stdout == "closed":
+        argv = ["sh", "-c", 'exec "$@" >&-', "sh", *QUEEN_SYNC, *args]
+        return subprocess.run(argv, stderr=subprocess.PIPE, text=True, env=cli.env,
+                              timeout=60, check=False)
+    with open(os.devnull if stdout == "null" else "/dev/full", "w") as target:
+        return subprocess.run([*QUEEN_SYNC, *args], stdout=target, stderr=subprocess.PIPE,
+                              text=True, env=cli.env, timeout=60, check=False)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+class TestAStdoutThatCannotBeWritten:
+    @pytest.mark.parametrize("stdout", ["full", "closed"])
+    @pytest.mark.parametrize("command", [["true"], ["sh", "-c", "exit 3"]])
+    def test_a_run_keeps_its_commands_code_and_says_the_result_was_not_written(
+            self, cli: Cli, stdout: str, command: list[str]) -> None:
+        code = 3 if "exit 3" in command[-1] else 0
+        done = _with_stdout(cli, stdout, "run", "job", "--json", "--", *command)
+        assert done.returncode == code, f"the command's code stands: {done.returncode}, " \
+                                        f"{done.stderr!r}"
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, (
+            done.stderr)
+        assert done.stderr.startswith("queen-sync: ") and "stdout" in done.stderr \
+            and done.stderr.count("\n") == 1, f"one line names stdout: {done.stderr!r}"
+        assert cli.holders("job") == [], "the lease was not released"
+
+    @pytest.mark.parametrize("stdout", ["full", "closed"])
+    @pytest.mark.parametrize("args", [["holders", "job"], ["ping", "--json"]])
+    def test_other_commands_fail_with_one_line_and_exit_74(
+            self, cli: Cli, stdout: str, args: list[str]) -> None:
+        done = _with_stdout(cli, stdout, *args)
+        assert done.returncode == 74, f"{args}: EX_IOERR: {done.returncode}, {done.stderr!r}"
+        assert done.stderr.startswith("queen-sync: ") and "stdout" in done.stderr \
+            and done.stderr.count("\n") == 1, f"{args}: one line names stdout: {done.stderr!r}"
+
+    def test_a_writable_stdout_changes_nothing(self, cli: Cli) -> None:
+        done = _with_stdout(cli, "null", "holders", "job")
+        assert done.returncode == 0 and done.stderr == "", done
