@@ -27,7 +27,7 @@ from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
 from .._version import __version__
-from .cli_child import Child, StopRequested, StopSignals
+from .cli_child import Child, StopRequested, StopSignals, relays_stdout
 from .singleton import LOST_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -393,12 +393,14 @@ def _run(client: Queen, args: argparse.Namespace, command: list[str], as_json: b
                                 "slot": lock.slot}
         started = time.monotonic()
         try:
-            code = Child(lock, command, args.grace).run(stops)
+            child = Child(lock, command, args.grace, relay_stdout=as_json and relays_stdout())
+            code = child.run(stops)
         finally:
             held["released"] = _final_release(lock)
     if as_json:
         _print_result(_run_json(lock.name, code, lost=lock.lost_reason,
-                                held_seconds=round(time.monotonic() - started, 3), **held))
+                                held_seconds=round(time.monotonic() - started, 3), **held),
+                      fresh_line=not child.stdout_ends_line)
     return code
 
 
@@ -422,9 +424,14 @@ def _run_json(name: str, exit_code: int, **outcome: Any) -> dict[str, Any]:
     return result | outcome
 
 
-def _print_result(result: dict[str, Any]) -> None:
-    """A run's result line; a stdout that cannot take it changes nothing: the exit code stands."""
+def _print_result(result: dict[str, Any], fresh_line: bool = False) -> None:
+    """A run's result line; a stdout that cannot take it changes nothing: the exit code stands.
+
+    ``fresh_line``: the command's output ended mid-line, so a newline comes first.
+    """
     try:
+        if fresh_line:
+            _emit("")
         _print_json(result)
     except BrokenPipeError:
         _quiet_stdout()

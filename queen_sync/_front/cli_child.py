@@ -13,15 +13,19 @@ however it died.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
 from .singleton import LOST_EXIT_CODE
+
+log = logging.getLogger("queen_sync.cli")
 
 if TYPE_CHECKING:
     from .._handle.lock import Lock
@@ -74,10 +78,13 @@ class StopSignals:
 class Child:
     """The command under the lease: forwarded signals, and stopped when the lease is lost."""
 
-    def __init__(self, lock: Lock, command: list[str], grace: float) -> None:
+    def __init__(self, lock: Lock, command: list[str], grace: float,
+                 relay_stdout: bool = False) -> None:
         self.lock = lock
         self.command = command
         self.grace = grace
+        self.relay_stdout = relay_stdout  # pass stdout through, to know how its last line ended
+        self.stdout_ends_line = True  # False once a relayed stdout ended mid-line, or may have
         self.process: Optional[subprocess.Popen[bytes]] = None
         self.kill_at: Optional[float] = None  # monotonic; when the group gets SIGKILL
         self.killed = False  # the group got SIGKILL: nothing of it runs user code any more
@@ -108,15 +115,20 @@ class Child:
         # The watchdog comes first and learns the group from the command's own process
         # before exec, so no instruction of the command runs unwatched.
         watchdog = _Watchdog.start()
+        relay = StdoutRelay.start() if self.relay_stdout else None
         try:
             # Its own session and group: a lost lease stops the whole tree, and a
             # signal to queen-sync reaches the command exactly once (forwarded).
             self.process = subprocess.Popen(
                 self.command, env=self.environment(), start_new_session=True,
+                stdout=None if relay is None else relay.write_fd,
                 preexec_fn=prepare_child(None if watchdog is None else watchdog.fd))
         except (OSError, subprocess.SubprocessError) as exc:
             _dismiss(watchdog)
             return _not_started(self.command[0], exc)
+        finally:
+            if relay is not None:
+                relay.close_write_end()  # the command's copy is all that is left
         try:
             for signum in self.pending:
                 self._forward(signum, None)
@@ -126,6 +138,8 @@ class Child:
         finally:
             self._reap(self.process)
             _dismiss(watchdog)
+            if relay is not None:
+                self.stdout_ends_line = relay.finish()
 
     def _supervise(self, process: subprocess.Popen[bytes]) -> int:
         """The exit code, once nothing of the command's group is left running."""
@@ -376,6 +390,86 @@ class _Watchdog:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+class StdoutRelay:
+    """The command's stdout passed through to queen-sync's own, byte for byte.
+
+    ``run --json`` promises its result as the last line of stdout; only bytes that pass
+    through here tell whether the command left its last line unfinished. A stdout that
+    whose reader went away ends the relay, so the command meets EPIPE (SIGPIPE) as it
+    would have writing there itself.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd = read_fd
+        self.write_fd: Optional[int] = write_fd
+        self.ends_line = True
+        self.thread = threading.Thread(target=self._pump, name="queen-sync stdout relay",
+                                       daemon=True)
+
+    @classmethod
+    def start(cls) -> StdoutRelay:
+        relay = cls(*os.pipe())
+        relay.thread.start()
+        return relay
+
+    def close_write_end(self) -> None:
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    def finish(self) -> bool:
+        """True when stdout ends a line; False when it does not, or is still being written.
+
+        A process that left the command's group may hold the pipe open; it is not waited
+        for longer than ``_RELAY_WAIT``.
+        """
+        self.close_write_end()
+        self.thread.join(_RELAY_WAIT)
+        return self.ends_line and not self.thread.is_alive()
+
+    def _pump(self) -> None:
+        failed: Optional[OSError] = None
+        try:
+            while chunk := os.read(self.read_fd, 1 << 16):
+                if failed is not None:
+                    continue  # drained, so the command is not blocked on a full pipe
+                try:
+                    _write_all(_STDOUT, chunk)
+                    self.ends_line = chunk.endswith(b"\n")
+                except BrokenPipeError:
+                    return  # the reader went away: the command meets EPIPE, as it would
+                except OSError as exc:  # a full disk: said once, the rest is dropped
+                    failed = exc
+                    print(f"queen-sync: warning: the command's stdout could not be written "
+                          f"({exc.strerror or exc}); the rest of it is dropped", file=sys.stderr)
+        except BaseException:
+            log.exception("the relay of the command's stdout stopped")
+        finally:
+            os.close(self.read_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+_STDOUT = 1
+_RELAY_WAIT = 1.0  # seconds a relay is waited for once the command's group is gone
+
+
+def relays_stdout() -> bool:
+    """Whether ``run --json`` passes the command's stdout through: an open one, not a terminal.
+
+    A terminal stays the command's own (it may ask ``isatty``); a person reads it there.
+    """
+    try:
+        os.fstat(_STDOUT)
+    except OSError:  # closed: the command gets it closed too
+        return False
+    return not os.isatty(_STDOUT)
 
 
 # Linux lists a group's members in /proc; elsewhere only "is anybody left" can be asked.
