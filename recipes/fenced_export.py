@@ -71,6 +71,7 @@ __all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "Fence
 log = logging.getLogger("queen_sync.recipes")
 
 #: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
+#: A partition name never contains ``/``, so the key's last ``/`` ends the export's name.
 PROGRESS_NS = "queen-sync.export"
 
 
@@ -213,12 +214,17 @@ class FencedKv:
     def write(self, name: str, data: Any, *, token: int, lock: Optional[qs.Lock] = None) -> None:
         """Store ``data`` (JSON) at ``prefix + name`` if ``lock`` still holds its permit.
 
+        ``name`` follows the rule of every fenced sink: 1..200 UTF-8 bytes, not starting
+        with ``.``, without ``/``, ``\\`` or NUL.
+
         Raises:
             FencedOutError: the lock's permit moved on (another holder) or is gone.
             TypeError: no ``lock`` given (the guard needs the handle, not just a token).
+            TypeError, ValueError: a bad name or token (before any I/O).
         """
         if lock is None:
             raise TypeError("FencedKv.write needs lock= (its guard is checked in the store)")
+        check_name(name)
         check_token(token)
         txn = self._q.transaction().guard(lock)
         txn.kv.put(self.ns, self.prefix + name, {"data": data, "token": token}, forever=True)
@@ -294,28 +300,39 @@ class FencedExport:
 
     def finished(self) -> list[str]:
         """The partitions whose export was checkpointed, by any holder."""
-        rows = self._q.kv.list_all(PROGRESS_NS, self.name + "/")
-        return [row["key"][len(self.name) + 1:] for row in rows]
+        return [row["key"][len(self.name) + 1:] for row in self._progress()]
+
+    def _progress(self) -> list[dict[str, Any]]:
+        """This export's checkpoint rows (keys only), and none of another export's."""
+        prefix = self.name + "/"
+        rows = self._q.kv.list_all(PROGRESS_NS, prefix, keys_only=True)
+        # A '/' after the prefix: the checkpoint of an export named within this one's
+        # ("sales/eu" under "sales"), since a partition name has none.
+        return [row for row in rows if "/" not in row["key"][len(prefix):]]
 
     def run(self, partitions: Iterable[str], produce: Callable[[str], Any]) -> ExportReport:
         """Take the lock, write ``produce(p)`` for each unfinished partition, release.
 
         Each partition is produced under the token current when it starts, written
-        with that token, then checkpointed (guarded).
+        with that token, then checkpointed (guarded). Every partition name is checked
+        before the lock is taken, by the rule every fenced sink shares (1..200 UTF-8
+        bytes, not starting with ``.``, without ``/``, ``\\`` or NUL).
 
         Returns:
             an ``ExportReport``; ``acquired`` is False when another holder has the lock.
 
         Raises:
             FencedOutError: a write or checkpoint was refused: another holder took over.
+            TypeError, ValueError: a bad partition name (nothing was written).
         """
+        parts = [check_name(partition) for partition in partitions]
         lock = self._q.lock(self.name, **self._lock_args)
         if not lock.acquire():
             return ExportReport(acquired=False)
         report = ExportReport(acquired=True)
         try:
             done = set(self.finished())
-            for partition in partitions:
+            for partition in parts:
                 if partition in done:
                     report.skipped.append(partition)
                     continue
@@ -341,7 +358,7 @@ class FencedExport:
 
     def reset(self) -> int:
         """Forget every checkpoint (the next run exports everything); returns how many."""
-        rows = self._q.kv.list_all(PROGRESS_NS, self.name + "/", keys_only=True)
+        rows = self._progress()
         for row in rows:
             self._q.kv.delete(PROGRESS_NS, row["key"])
         return len(rows)
