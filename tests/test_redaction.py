@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -473,3 +474,94 @@ class TestUsageErrors:
         err = capsys.readouterr().err
         assert ("put the command after --: queen-sync run j --url 'postgresql://***@db/q'"
                 " -- python job.py") in err, f"the fixed line, URL masked: {err!r}"
+
+
+class _EchoingBroker:
+    """A loopback HTTP server that answers every call with a body echoing its Authorization."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.status, self.content_type, self.template = 500, "text/plain", "{auth}"
+        broker = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # the name http.server calls
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                auth = self.headers.get("Authorization") or ""
+                body = broker.template.replace("{auth}", auth).replace(
+                    "{auth_json}", json.dumps(auth)[1:-1]).replace(
+                    "{auth_quoted}", quote(auth, safe=""))
+                data = body.encode()
+                self.send_response(broker.status)
+                self.send_header("Content-Type", broker.content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def echoing_broker() -> Any:
+    broker = _EchoingBroker()
+    yield broker
+    broker.close()
+
+
+# RFC 6750's b64token characters, and long enough that no message holds it by chance.
+_BEARER = st.text(st.sampled_from("ABCXYZabcxyz0123456789-._~+/"), min_size=10, max_size=40
+                  ).map(lambda s: "Zq9" + s)
+_ECHOES = [
+    (500, "text/plain", "bad request from {auth}"),
+    (400, "application/json", '{"error": "bad_request", "detail": "header was {auth}"}'),
+    (403, "application/json", '{"error": "{auth_json}", "reason": "{auth_json}"}'),
+    (401, "application/json", '{"code": "unauthorized", "error": "got {auth_json}"}'),
+    (502, "text/html", "<p>{auth_quoted}</p>"),
+    (501, "application/json",
+     '{"error": "unsupported_operation", "reason": "{auth}", "detail": "{auth}"}'),
+    (200, "text/plain", "not json {auth}"),
+]
+
+
+class TestABrokerThatEchoesTheBearerToken:
+    """A proxy or broker that quotes the request's headers back never gets the token shown."""
+
+    @settings(max_examples=40, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(token=_BEARER, echo=st.sampled_from(_ECHOES))
+    def test_no_error_or_log_line_shows_the_token(
+            self, echoing_broker: _EchoingBroker, caplog: pytest.LogCaptureFixture,
+            token: str, echo: tuple[int, str, str]) -> None:
+        echoing_broker.status, echoing_broker.content_type, echoing_broker.template = echo
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="queen_sync"), qs.Queen(
+                echoing_broker.url, bearer_token=token, renew_thread=False, backoff=0,
+                timeout=5) as q, pytest.raises(qs.QueenError) as failed:
+            q.kv.get("ns", "x")
+        error = failed.value
+        shown = [*_shown_by(error), caplog.text,
+                 *(str(getattr(error, key, "")) for key in ("detail", "reason", "code"))]
+        for text in shown:
+            for form in (token, quote(token, safe=""), json.dumps(token)[1:-1]):
+                assert form not in text, f"{echo}: the token shows in: {text}"
+
+    def test_a_short_token_is_masked_where_it_stands_and_garbles_nothing_else(
+            self, echoing_broker: _EchoingBroker) -> None:
+        echoing_broker.status, echoing_broker.content_type = 500, "text/plain"
+        echoing_broker.template = "a bad answer to {auth}"
+        with qs.Queen(echoing_broker.url, bearer_token="a", renew_thread=False, backoff=0,
+                      timeout=5) as q, pytest.raises(qs.QueenError) as failed:
+            q.kv.get("ns", "x")
+        assert "a bad answer to Bearer ***" in str(failed.value), str(failed.value)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import email.utils
 import json
+import re
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+from urllib.parse import quote
 
 import requests
 from urllib3.exceptions import NewConnectionError
@@ -94,10 +96,39 @@ def retry_after(response: requests.Response) -> Optional[float]:
 
 def snippet(response: requests.Response) -> str:
     """What came back, short and on one line, for an error message."""
-    kind = response.headers.get("Content-Type", "no content type")
-    text = " ".join(response.text[:_SNIPPET].split())
-    more = "..." if len(response.text) > _SNIPPET else ""
+    scrub = token_scrubber(response)
+    kind = scrub(response.headers.get("Content-Type", "no content type"))
+    whole = scrub(response.text)
+    text = " ".join(whole[:_SNIPPET].split())
+    more = "..." if len(whole) > _SNIPPET else ""
     return f"{kind} {text!r}{more}" if text else f"{kind}, empty body"
+
+
+# A token this long is masked wherever it stands; a shorter one only where it follows
+# "Bearer ", so a one-letter token cannot garble every message that holds its letter.
+_LONG_TOKEN = 8
+_TOKEN_CHARACTER = r"[\w.~+/=%-]"
+
+
+def token_scrubber(response: requests.Response) -> Callable[[str], str]:
+    """Masks the bearer token the request carried wherever the answer quotes it back.
+
+    A proxy or a debugging broker may echo the request's headers into its error body,
+    as written, JSON-escaped or percent-encoded.
+    """
+    request = response.request
+    auth = request.headers.get("Authorization") if request is not None else None
+    if not isinstance(auth, str) or auth[:7].lower() != "bearer " or not auth[7:].strip():
+        return lambda text: text
+    token = auth[7:].strip()
+    forms = sorted({token, quote(token, safe=""), json.dumps(token)[1:-1]}, key=len,
+                   reverse=True)
+    pattern = "|".join(re.escape(form) for form in forms)
+    if len(token) < _LONG_TOKEN:
+        found = re.compile(f"((?i:bearer)(?:\\s+|%20|\\+))(?:{pattern})(?!{_TOKEN_CHARACTER})")
+        return lambda text: found.sub(r"\1***", text)
+    found = re.compile(pattern)
+    return lambda text: found.sub("***", text)
 
 
 def _envelope(response: requests.Response) -> dict[str, Optional[str]]:
@@ -108,10 +139,11 @@ def _envelope(response: requests.Response) -> dict[str, Optional[str]]:
         return {}
     if not isinstance(body, dict):
         return {}
+    scrub = token_scrubber(response)
 
     def text(key: str) -> Optional[str]:
         value = body.get(key)
-        return value if isinstance(value, str) else None
+        return scrub(value) if isinstance(value, str) else None
 
     if "code" in body:  # a proxy's: {"error": prose, "code": code}
         return {"code": text("code"), "reason": text("reason"), "detail": text("error")}
