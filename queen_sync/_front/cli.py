@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LOGGERS_SHOWN = ("queen_sync", "psycopg")
+
+
 class _OneLine(logging.Formatter):
     """Log lines for an operator's terminal: an error's own message, never a traceback."""
 
@@ -254,7 +257,7 @@ class _OneLine(logging.Formatter):
         line = f"queen-sync: {record.getMessage()}"
         if record.exc_info and record.exc_info[1] is not None:
             line += f" ({record.exc_info[1]})"
-        return line
+        return one_line(line)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -279,8 +282,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "queen-sync run daily-report --ttl 1m -- python job.py")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
-    logger = logging.getLogger("queen_sync")
-    logger.addHandler(handler)
+    # The driver's pool logs its connection failures too; with no handler of its own they
+    # would reach Python's last-resort one, several lines and unprefixed.
+    loggers = [logging.getLogger(name) for name in _LOGGERS_SHOWN]
+    for logger in loggers:
+        logger.addHandler(handler)
     try:
         code = _dispatch(args, command)
         _flush_stdout()  # here, not at exit, so a reader that went away is seen here
@@ -304,7 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _failed(args, f"stopped ({signal.Signals(stopped.signum).name})",
                        128 + stopped.signum)
     finally:
-        logger.removeHandler(handler)
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def one_line(text: str) -> str:
@@ -448,8 +455,9 @@ def _final_release(lock: Lock) -> bool:
     except EngineError as exc:
         # The command has run; turning its status into "engine unavailable" would make a
         # scheduler retry finished work. The lease ends on its own at its TTL anyway.
-        print(f"queen-sync: warning: could not release the lease on {lock.name!r} ({exc}); "
-              f"it will expire by itself within its {lock.ttl:g}s TTL", file=sys.stderr)
+        print(f"queen-sync: warning: could not release the lease on {lock.name!r} "
+              f"({one_line(str(exc))}); it will expire by itself within its {lock.ttl:g}s TTL",
+              file=sys.stderr)
         return False
 
 

@@ -324,8 +324,8 @@ class Renewer:
             for lock in locks:
                 lock.mark_lost("renew")
             return
-        log.warning("renewing %d lease(s) failed, retrying before their deadlines: %r",
-                    len(locks), error)
+        log.warning("renewing %d lease(s) failed, retrying before their deadlines: %s: %s",
+                    len(locks), type(error).__name__, error)
         self._client.metrics.count("renew_error")
         now = self._client.clock.monotonic()
         for lock in locks:

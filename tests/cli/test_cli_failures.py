@@ -193,3 +193,45 @@ class TestAStdoutThatCannotBeWritten:
     def test_a_writable_stdout_changes_nothing(self, cli: Cli) -> None:
         done = _with_stdout(cli, "null", "holders", "job")
         assert done.returncode == 0 and done.stderr == "", done
+
+
+class TestEveryMessageOnOneLine:
+    """The command line's stderr is one line per message, whatever a driver or log says."""
+
+    def test_a_release_that_fails_with_a_several_line_error_warns_on_one_line(
+            self, capsys: pytest.CaptureFixture[str], sqlite_url: str) -> None:
+        from queen_sync._front.cli import _final_release
+        from queen_sync.testing import FaultyEngine
+
+        engine = FaultyEngine(sqlite_url)
+        with qs.Queen(engine=engine, renew_thread=False) as q:
+            lock = q.lock("job", ttl=30)
+            assert lock.acquire()
+            engine.fail_next(error=qs.EngineUnavailableError(
+                "server closed the connection\nHINT:  is the server running?\n"), route="locks")
+            assert _final_release(lock) is False
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "connection HINT:  is the server running?)" in err, (
+            f"one line, the hint joined, not dropped: {err!r}")
+
+    def test_log_lines_of_queen_sync_and_of_the_driver_are_one_line_each(
+            self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        import logging
+
+        from queen_sync._front import cli
+
+        def dispatch(args: Any, command: list[str]) -> int:
+            try:
+                raise qs.EngineUnavailableError("connection lost\nDETAIL:  reset by peer")
+            except qs.EngineError:
+                logging.getLogger("queen_sync.renewer").warning("renew failed\n\tretrying",
+                                                                exc_info=True)
+            logging.getLogger("psycopg.pool").warning("error connecting in 'pool-1':\nrefused")
+            return 0
+
+        monkeypatch.setattr(cli, "_dispatch", dispatch)
+        assert cli.main(["ping"]) == 0
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and all(line.startswith("queen-sync: ") for line in lines), (
+            f"one line per message, each said by queen-sync: {lines}")
+        assert "lost DETAIL:  reset by peer)" in lines[0] and "refused" in lines[1], lines
