@@ -228,8 +228,14 @@ class LeaderElection:
     # ---- campaigning ---------------------------------------------------------------------
 
     def run(self) -> None:
-        """Campaign until ``stop()``: lead whenever the lease is free. Resigns on the way out."""
+        """Campaign until ``stop()``: lead whenever the lease is free. Resigns on the way out.
+
+        A ``stop()`` that came before this call is not counted: ``run()`` campaigns again.
+        """
         self._stopping.clear()
+        self._campaign()
+
+    def _campaign(self) -> None:
         try:
             while not self._stopping.is_set():
                 pause = self._cooldown_until - time.monotonic()
@@ -248,8 +254,9 @@ class LeaderElection:
         with self._starting:  # starts racing on threads start one campaign on the handle
             if self._thread is not None and self._thread.is_alive():
                 return self
+            # Cleared here, not on the thread: a stop() right after this returns is kept.
             self._stopping.clear()
-            self._thread = threading.Thread(target=self.run,
+            self._thread = threading.Thread(target=self._campaign,
                                             name=f"leader-election-{self.name}", daemon=True)
             self._thread.start()
         return self
