@@ -220,7 +220,7 @@ def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
     if not callable(fn):
         raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
     check_body(fn, "singleton_job")
-    name = spec.name or f"{fn.__module__}.{fn.__qualname__}"
+    name = spec.name or _name_of(fn)
     check_name(name)
     if spec.client is not None:
         require_arbitration(spec.client.engine, f"job {name!r}")
@@ -235,6 +235,16 @@ def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
         return _call(spec, name, fn, supervisor, args, kwargs)
 
     return job
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """The lease name of a bare ``@singleton_job``: the function's module and qualified name."""
+    qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if not isinstance(qualname, str) or not isinstance(module, str):
+        # A partial of one function may be meant as one job or as one per argument.
+        raise TypeError(f"a {type(fn).__name__} has no name to give its lease: use "
+                        f'singleton_job("a-name")(...)')
+    return f"{module}.{qualname}"
 
 
 def _call(spec: _Spec, name: str, fn: Callable[..., T], supervisor: Optional[Supervisor],

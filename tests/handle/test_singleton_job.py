@@ -165,6 +165,34 @@ class TestBadArguments:
             qs.singleton_job("a#b")
 
 
+class TestCallablesThatAreNotFunctions:
+    """A partial or a callable object has no name of its own to give its lease."""
+
+    @staticmethod
+    def _callables() -> list[Any]:
+        import functools
+
+        class Report:
+            def __call__(self, region: str) -> str:
+                return f"report {region} under {qs.current_lock().name}"
+
+        def report(kind: str, region: str) -> str:
+            return f"{kind} {region} under {qs.current_lock().name}"
+
+        return [functools.partial(report, "report"), Report()]
+
+    @pytest.mark.parametrize("which", [0, 1], ids=["partial", "callable object"])
+    def test_bare_use_asks_for_a_name(self, which: int) -> None:
+        with pytest.raises(TypeError, match=r"singleton_job\(\"a-name\"\)"):
+            qs.singleton_job(self._callables()[which])
+
+    @pytest.mark.parametrize("which", [0, 1], ids=["partial", "callable object"])
+    def test_with_a_name_it_runs_under_that_lease(self, client: qs.Queen, which: int) -> None:
+        job = qs.singleton_job("reports", client=client)(self._callables()[which])
+        assert job("eu") == "report eu under reports"
+        assert _holders(client, "reports") == [], "the lease is released once the call returns"
+
+
 class TestTheClientArgument:
     def test_client_names_the_client_the_job_runs_on(self, client: qs.Queen) -> None:
         @qs.singleton_job("on-client", ttl="30s", client=client)
