@@ -40,6 +40,10 @@ What it guarantees:
     * After a term ends, the candidate does not campaign again for one renew
       interval, so a candidate that was just deposed cannot snatch the lease back
       from the one that replaced it (no thrashing).
+    * The campaign thread outlives a failure: an engine error, or one queen_sync does
+      not know (logged with its traceback once per streak, on the ``queen_sync.recipes``
+      logger), is reported in ``health().last_error`` and retried every renew interval.
+      Only a closed client ends the campaign.
 
 What it does not do:
     * Make two leaders impossible. A leader paused longer than ``ttl`` (a GC
@@ -98,7 +102,8 @@ class LeaderHealth:
         renew_every: the renew interval, to judge ``renewed_ago`` by.
         campaigning: the campaign thread is alive (``start()`` and not yet stopped).
         terms: how many terms this candidate has led.
-        last_error: the last engine failure the campaign met, cleared by the next success.
+        last_error: the last failure the campaign met (the engine's, or an error queen_sync
+            does not know), cleared by the next success.
     """
 
     leading: bool
@@ -187,6 +192,7 @@ class LeaderElection:
         self._starting = threading.Lock()
         self.terms = 0
         self._last_error: Optional[str] = None
+        self._unexpected: Optional[Exception] = None  # the last of a streak of unknown errors
         self.lock.on_lost(lambda _reason: self._wake.set())
 
     # ---- what callers read ---------------------------------------------------------------
@@ -246,8 +252,15 @@ class LeaderElection:
         finally:
             if self.lock.held or self._elected.is_set():
                 self._resigning = True
-                self.lock.release()
+                self._release_quietly()
                 self._end_term()
+
+    def _release_quietly(self) -> None:
+        try:
+            self.lock.release()
+        except Exception as exc:  # on the way out: the lease expires by itself within its ttl
+            log.warning("%s could not resign %r (%s); the lease expires within its ttl",
+                        self.identity, self.name, exc)
 
     def start(self) -> LeaderElection:
         """Campaign on a daemon thread; returns self."""
@@ -283,12 +296,11 @@ class LeaderElection:
 
     def _campaign_once(self) -> bool:
         try:
-            won = self.lock.acquire(wait=min(self.retry_every, _MAX_CAMPAIGN_WAIT))
+            won = self._win()
         except qs.EngineError as exc:
             # The engine is unreachable: nobody can be elected through it; try again later.
             log.warning("campaign for %r failed, retrying: %s", self.name, exc)
-            self._last_error = str(exc)
-            self._stopping.wait(self.retry_every)
+            self._failed(exc)
             return False
         except qs.QueenError as exc:
             # Not the engine's: a closed client, which no retry mends. The campaign ends.
@@ -296,7 +308,25 @@ class LeaderElection:
             self._last_error = str(exc)
             self._stopping.set()
             return False
-        self._last_error = None
+        except Exception as exc:
+            # No error queen_sync knows (a custom engine's bug, say): the campaign thread must
+            # not die of it unheard. Its traceback is told once a streak; then it retries.
+            if self._unexpected is None:
+                log.error("campaign for %r failed unexpectedly; retrying every %gs",
+                          self.name, self.retry_every, exc_info=exc)
+            else:
+                log.warning("campaign for %r failed again, retrying: %r", self.name, exc)
+            self._unexpected = exc
+            self._failed(exc)
+            return False
+        if self._unexpected is not None:
+            log.info("campaign for %r goes on after %r", self.name, self._unexpected)
+        self._last_error, self._unexpected = None, None
+        return won
+
+    def _win(self) -> bool:
+        """Acquire the lease (waiting a while), then make sure the engine agrees it is ours."""
+        won = self.lock.acquire(wait=min(self.retry_every, _MAX_CAMPAIGN_WAIT))
         if won and not self.lock.verify():
             # The permit was taken away between the win and now (a break-glass release,
             # then another candidate): no term starts, and the cooldown keeps out of its way.
@@ -305,6 +335,10 @@ class LeaderElection:
             self._cooldown_until = time.monotonic() + self.retry_every
             return False
         return won
+
+    def _failed(self, exc: Exception) -> None:
+        self._last_error = str(exc) or repr(exc)
+        self._stopping.wait(self.retry_every)
 
     def _serve_term(self) -> None:
         token = self.lock.token

@@ -11,8 +11,11 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Optional
 
+import pytest
+
 import queen_sync as qs
 from queen_sync.recipes.leader_election import LeaderElection
+from queen_sync.testing import FaultyEngine
 
 
 def _fresh_name() -> str:
@@ -59,3 +62,41 @@ class TestAStopRightAfterStart:
         election.stop()
 
         assert elected, "a start() after stop() did not campaign"
+
+
+class TestACampaignWhoseAcquireRaisesAnErrorQueenSyncDoesNotKnow:
+    def test_logs_it_with_its_traceback_keeps_campaigning_and_is_elected_once_it_passes(
+            self, sqlite_faults: FaultyEngine, caplog: pytest.LogCaptureFixture) -> None:
+        with qs.Queen(engine=sqlite_faults) as q:
+            sqlite_faults.fail_next(3, error=RuntimeError("boom"), route="locks", op="acquire")
+            election = LeaderElection(q, _fresh_name(), ttl=1).start()
+            elected = election.wait_elected(5)
+            campaigning = election.health().campaigning
+            election.stop()
+
+        told = [r for r in caplog.records if r.name.startswith("queen_sync")
+                and "boom" in r.getMessage() + str(r.exc_info and r.exc_info[1])]
+        tracebacks = [r for r in told if r.exc_info]
+        assert elected and campaigning, "the campaign died on the error instead of retrying"
+        assert len(tracebacks) == 1, (
+            f"the first failure was not logged once with its traceback: "
+            f"{[(r.levelname, r.getMessage()) for r in told]}")
+        assert len(told) == 3, f"not each of 3 failures was told: {[r.getMessage() for r in told]}"
+
+    def test_health_reports_it_while_it_lasts(self, sqlite_faults: FaultyEngine) -> None:
+        with qs.Queen(engine=sqlite_faults) as q:
+            sqlite_faults.fail_next(None, error=RuntimeError("boom"), route="locks",
+                                    op="acquire")
+            election = LeaderElection(q, _fresh_name(), ttl=1).start()
+            deadline = time.monotonic() + 5
+            while election.health().last_error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            health = election.health()
+            sqlite_faults.clear()
+            elected = election.wait_elected(5)
+            election.stop()
+
+        assert health.campaigning, "the campaign thread died on the error"
+        assert health.last_error is not None and "boom" in health.last_error, (
+            f"health does not say what keeps the campaign from winning: {health}")
+        assert elected, "the campaign was not elected once the error passed"
