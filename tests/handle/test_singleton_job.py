@@ -165,6 +165,11 @@ class TestBadArguments:
             qs.singleton_job("a#b")
 
 
+def _held_name() -> Optional[str]:
+    lock = qs.current_lock()
+    return None if lock is None else lock.name
+
+
 class TestCallablesThatAreNotFunctions:
     """A partial or a callable object has no name of its own to give its lease."""
 
@@ -174,10 +179,10 @@ class TestCallablesThatAreNotFunctions:
 
         class Report:
             def __call__(self, region: str) -> str:
-                return f"report {region} under {qs.current_lock().name}"
+                return f"report {region} under {_held_name()}"
 
         def report(kind: str, region: str) -> str:
-            return f"{kind} {region} under {qs.current_lock().name}"
+            return f"{kind} {region} under {_held_name()}"
 
         return [functools.partial(report, "report"), Report()]
 
