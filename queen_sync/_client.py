@@ -303,6 +303,9 @@ class Queen(ProcessBound):
         answer = self._call("transaction", body)
         if "success" not in answer:
             raise ProtocolError("transaction answered without 'success'", route="transaction")
+        kv = answer.get("kv")
+        if isinstance(kv, list):  # each op's answer reads as its verdict, as a batch's does
+            answer["kv"] = [Result(one) if isinstance(one, dict) else one for one in kv]
         return Result(answer)
 
     def _check_accepting(self) -> None:

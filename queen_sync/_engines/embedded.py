@@ -10,6 +10,7 @@ every token issued before it, whatever was released, expired or deleted in betwe
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -440,9 +441,18 @@ def _kv_put(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _written(step: _Step, op: Mapping[str, Any], current: Optional[Row]) -> dict[str, Any]:
-    """Store a put's value; the answer carries it, as the broker's does."""
-    version = _store(step, op, op["value"], current, step.expires_at(op))
-    return {"applied": True, "version": version, "value": op["value"]}
+    """Store a put's value; the answer carries it, as the broker's does.
+
+    Both are the value as JSON keeps it (``{1: (2,)}`` is ``{"1": [2]}``), each a copy of
+    its own: the caller may change its object after the call, and a read later in the
+    same bundle may be answered from the row kept in memory.
+    """
+    text = _JSON_COPY.encode(op["value"])
+    version = _store(step, op, json.loads(text), current, step.expires_at(op))
+    return {"applied": True, "version": version, "value": json.loads(text)}
+
+
+_JSON_COPY = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _kv_put_if_absent(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:

@@ -470,3 +470,40 @@ class TestBadKvOps:
     def test_a_value_that_is_not_json_is_refused_at_the_call(self, q: qs.Queen) -> None:
         with pytest.raises(TypeError, match="JSON"):
             q.kv.put("app", "k", object(), forever=True)
+
+
+# Values a caller may hand over that JSON changes: number keys become text, tuples lists.
+_JSON_CHANGED = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=5)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.integers(0, 9), st.text("ab", max_size=2)), inner,
+                        max_size=3).filter(lambda d: len({str(k) for k in d}) == len(d))),
+    max_leaves=8)
+
+
+class TestAnswersCarryTheStoredJson:
+    """An answer's value is the JSON the store keeps, the same on every engine, and never the
+    caller's own object (which it could change after the call)."""
+
+    @settings(max_examples=25, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(value=_JSON_CHANGED)
+    def test_put_batch_and_bundle_answers_are_the_json_and_not_the_callers_object(
+            self, q: qs.Queen, value: Any) -> None:
+        import json
+
+        stored = json.loads(json.dumps(value))
+        ns = f"json-{next(_NAMESPACES)}"
+        put = q.kv.put(ns, "k", value, forever=True)
+        batch = q.kv.batch([q.kv.op.put(ns, "k", value, forever=True), q.kv.op.get(ns, "k")])
+        bundle = (q.transaction().kv.put(ns, "k", value, forever=True).kv.get(ns, "k")
+                  .commit())
+        answered = [put["value"], *(a["value"] for a in batch), *(a["value"] for a in
+                                                                 bundle["kv"])]
+        for at, seen in enumerate(answered):
+            assert seen == stored and json.dumps(seen) == json.dumps(stored), (
+                f"answer {at} is not the stored JSON {stored!r}: {seen!r}")
+            if isinstance(value, (dict, list)):
+                assert seen is not value, f"answer {at} is the caller's own object"
+        assert q.kv.get(ns, "k")["value"] == stored

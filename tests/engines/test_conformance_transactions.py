@@ -283,3 +283,42 @@ class TestQueueRidersOnTheEmbeddedEngines:
         assert caught.value.capability == "queue_operations", repr(caught.value)
         assert not q.kv.get("out", "a"), "a refused bundle must write nothing of its kv"
 
+
+
+class TestTheAnswersOfACommittedBundle:
+    """Each op's answer in ``kv`` is a Result, as ``q.kv.batch`` answers it: its truth is its
+    verdict, so a lost compare-and-set that was not required reads as lost."""
+
+    @settings(max_examples=20, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(ops=st.lists(st.sampled_from(["stale put", "fresh put", "get present", "get absent",
+                                         "incr", "delete absent", "check stale"]),
+                        min_size=1, max_size=6))
+    def test_each_answer_is_a_result_whose_truth_is_its_verdict(
+            self, q: qs.Queen, ops: list[str]) -> None:
+        ns = f"verdicts-{next(_NAMESPACES)}"
+        q.kv.put(ns, "seed", 1, forever=True)
+        txn = q.transaction()
+        for kind in ops:
+            if kind == "stale put":
+                txn = txn.kv.put(ns, "seed", 2, forever=True, expect=10**9)
+            elif kind == "fresh put":
+                txn = txn.kv.put(ns, "other", 2, forever=True)
+            elif kind == "get present":
+                txn = txn.kv.get(ns, "seed")
+            elif kind == "get absent":
+                txn = txn.kv.get(ns, "absent")
+            elif kind == "incr":
+                txn = txn.kv.incr(ns, "n", forever=True)
+            elif kind == "delete absent":
+                txn = txn.kv.delete(ns, "absent")
+            else:
+                txn = txn.kv.check(ns, "seed", expect=10**9, required=False)
+        done = txn.commit()
+        assert done and len(done["kv"]) == len(ops), done
+        for kind, answer in zip(ops, done["kv"]):
+            assert isinstance(answer, qs.Result), f"{kind}: a plain {type(answer).__name__}"
+            verdict = answer.get("applied", answer.get("found"))
+            assert isinstance(verdict, bool) and bool(answer) is verdict, (kind, answer)
+            expected = kind in ("fresh put", "get present", "incr")
+            assert verdict is expected, f"{kind}: {answer}"
