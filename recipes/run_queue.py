@@ -80,6 +80,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._run_claim import Claim
 from ._run_records import RUNS_NS as RUNS_NS  # where users find the records' namespace
@@ -456,7 +457,12 @@ class RunQueue:
 
         Returns:
             how many runs this call completed.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or is a generator or async function
+                (before any run is claimed, so no attempt is spent on it).
         """
+        check_function(fn, "work()'s fn")
         completed = 0
         while not (stop is not None and stop.is_set()):
             claim = self.claim(holder=holder, ttl=ttl)
