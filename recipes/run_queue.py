@@ -133,6 +133,24 @@ def default_holder() -> str:
     return _PROCESS_HOLDER[pid]
 
 
+def _pairs(runs: Any) -> List[tuple[Any, Any]]:
+    """``submit_many``'s runs as (run id, payload) pairs; anything else is refused whole."""
+    if isinstance(runs, Mapping):
+        return list(runs.items())
+    # A str is an iterable of strs, and each id of two characters unpacks into a pair.
+    if isinstance(runs, (str, bytes)) or not isinstance(runs, Iterable):
+        raise TypeError(f"submit_many takes {{run_id: payload}} or (run_id, payload) pairs, "
+                        f"got {type(runs).__name__}")
+    pairs = []
+    for n, item in enumerate(runs):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(
+                f"submit_many takes {{run_id: payload}} or (run_id, payload) pairs, but item "
+                f"{n} is {item!r}; for ids without payloads pass dict.fromkeys(ids)")
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
 class RunQueue:
     """A named queue of runs in the client's engine.
 
@@ -198,12 +216,17 @@ class RunQueue:
     def submit_many(self, runs: Union[Mapping[str, Any], Iterable[tuple[str, Any]]]) -> int:
         """Add many runs (``{run_id: payload}`` or pairs), a hundred per call.
 
-        Every id is checked before anything is written.
+        Every id is checked before anything is written. Ids without payloads go in as
+        ``dict.fromkeys(ids)``.
 
         Returns:
             How many of the runs were new.
+
+        Raises:
+            TypeError: ``runs`` is not a mapping or an iterable of ``(run_id, payload)``
+                tuples or lists (a list of ids, say); nothing is written.
         """
-        pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
+        pairs = _pairs(runs)
         for run_id, _ in pairs:
             self._check_run_id(run_id)
         added = 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import queen_sync as qs
 from queen_sync.recipes.run_queue import Claim, RunQueue
@@ -34,3 +36,41 @@ class TestWorkWithAFunctionThatCannotRunARun:
         assert (done, list(runs.dead_letters())) == (1, []), (
             "the run was not completed by a good call after the refused one")
 
+
+ids = st.text(alphabet="abc-1", min_size=1, max_size=6)
+
+
+class TestSubmitManyWithRunIdsInsteadOfPairs:
+    @settings(max_examples=25, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(run_ids=st.lists(ids, min_size=1, max_size=5, unique=True))
+    def test_a_list_of_ids_is_refused_and_nothing_is_submitted(
+            self, client: qs.Queen, run_ids: list[str]) -> None:
+        runs = RunQueue(client, "jobs")
+        with pytest.raises(TypeError, match=r"\(run_id, payload\)"):
+            runs.submit_many(run_ids)  # type: ignore[arg-type]  # the mistake under test
+        submitted = [entry.run_id for entry in runs.list()]
+        assert submitted == [], f"ids {run_ids} were split into runs {submitted}"
+
+    @pytest.mark.parametrize("runs_arg", ["ab", b"ab", [("a", 1), "bc"], [("a", 1, 2)], [3]],
+                             ids=["str", "bytes", "a str among pairs", "a triple", "an int"])
+    def test_other_shapes_that_are_not_pairs_are_refused_and_nothing_is_submitted(
+            self, client: qs.Queen, runs_arg: Any) -> None:
+        runs = RunQueue(client, "jobs")
+        with pytest.raises(TypeError, match=r"\(run_id, payload\)"):
+            runs.submit_many(runs_arg)
+        assert not runs.list(), "a refused submit_many submitted runs"
+
+    @pytest.mark.parametrize("make", [
+        lambda: {"a": 1, "b": None},
+        lambda: [("a", 1), ("b", None)],
+        lambda: [["a", 1], ["b", None]],
+        lambda: ((run_id, payload) for run_id, payload in [("a", 1), ("b", None)]),
+        lambda: dict.fromkeys(["a", "b"]),
+    ], ids=["dict", "tuples", "lists", "generator", "fromkeys"])
+    def test_pairs_in_every_accepted_shape_are_submitted(
+            self, client: qs.Queen, make: Callable[[], Any]) -> None:
+        runs = RunQueue(client, "jobs")
+        added = runs.submit_many(make())
+        assert added == 2 and [e.run_id for e in runs.list()] == ["a", "b"], (
+            f"submitted {added}: {runs.list()}")
