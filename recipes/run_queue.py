@@ -120,6 +120,7 @@ _LOCK_PREFIX = "queen-sync.run-queue/"
 _MAX_PAGE = 1000  # the wire's largest getPrefix page
 _TAKE_TRIES = 3
 _SUBMIT_CHUNK = 100
+_MAX_POLL = 3600.0  # the longest wait between looks for a free run
 _MAX_RUN_ID_BYTES = 180
 _MAX_LOCK_NAME_BYTES = 256  # the longest lock name every engine accepts
 _PROCESS_HOLDER: dict[int, str] = {}
@@ -131,6 +132,13 @@ def default_holder() -> str:
     if pid not in _PROCESS_HOLDER:
         _PROCESS_HOLDER[pid] = f"{socket.gethostname()}:{pid}:{secrets.token_hex(3)}"
     return _PROCESS_HOLDER[pid]
+
+
+def _check_poll(poll: Any) -> float:
+    seconds = qs.parse_duration(poll, what="poll")
+    if seconds > _MAX_POLL:  # a sleep that long never notices the queue (or overflows)
+        raise ValueError(f"poll must be at most {_MAX_POLL:.0f}s, got {poll!r}")
+    return seconds
 
 
 def _pairs(runs: Any) -> List[tuple[Any, Any]]:
@@ -468,7 +476,7 @@ class RunQueue:
 
     def work(self, fn: Callable[[Claim], Any], *, holder: Optional[str] = None,
              ttl: Duration, stop: Optional[threading.Event] = None,
-             poll: float = 0.2) -> int:
+             poll: Duration = 0.2) -> int:
         """Claim runs and complete each with ``fn(claim)``'s return value.
 
         Without ``stop`` it returns once no run is pending (runs claimed by others
@@ -478,14 +486,25 @@ class RunQueue:
         dropped unfinished: its new holder finishes it. A run whose ``fn`` raises is
         released and the exception propagates.
 
+        ``poll`` is how long to wait between looks when no run is free (seconds, a
+        timedelta or ``"200ms"``; more than 0, at most an hour).
+
         Returns:
             how many runs this call completed.
 
         Raises:
-            TypeError: ``fn`` is not callable, or is a generator or async function
-                (before any run is claimed, so no attempt is spent on it).
+            TypeError: ``fn`` is not callable, or is a generator or async function; or
+                ``stop`` is not an event (``is_set()`` and ``wait()``).
+            TypeError, ValueError: a bad ``poll``, ``holder`` or ``ttl``.
+
+            Each before any run is claimed, so no attempt is spent on it.
         """
         check_function(fn, "work()'s fn")
+        poll = _check_poll(poll)
+        if stop is not None and not (callable(getattr(stop, "is_set", None))
+                                     and callable(getattr(stop, "wait", None))):
+            raise TypeError(f"stop must be a threading.Event (or None), got "
+                            f"{type(stop).__name__}")
         completed = 0
         while not (stop is not None and stop.is_set()):
             claim = self.claim(holder=holder, ttl=ttl)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -35,6 +36,37 @@ class TestWorkWithAFunctionThatCannotRunARun:
         assert entries == [("r1", 0, False)], f"the refused call touched the run: {entries}"
         assert (done, list(runs.dead_letters())) == (1, []), (
             "the run was not completed by a good call after the refused one")
+
+
+class TestWorkWithABadPollOrStop:
+    @pytest.mark.parametrize("poll", [-1, 0, math.nan, math.inf, True, "soon", 1e12],
+                             ids=str)
+    def test_a_poll_that_is_not_a_positive_finite_duration_is_refused_at_the_call(
+            self, client: qs.Queen, poll: Any) -> None:
+        runs = RunQueue(client, "jobs")
+        runs.submit("r1")
+        runs.submit("r2")
+        claimed = runs.claim(run_id="r2", ttl=30)  # held by another: work() must wait for it
+        assert claimed is not None
+        with pytest.raises((TypeError, ValueError), match="poll"):
+            runs.work(lambda claim: None, ttl=30, poll=poll)
+        entries = [(e.run_id, e.attempts) for e in runs.list()]
+        claimed.release()
+
+        assert entries == [("r1", 0), ("r2", 1)], f"the refused call took a run: {entries}"
+
+    def test_a_poll_given_as_a_duration_is_taken(self, client: qs.Queen) -> None:
+        runs = RunQueue(client, "jobs")
+        runs.submit("r1")
+        assert runs.work(lambda claim: None, ttl=30, poll="10ms") == 1, "the run was not done"
+
+    def test_a_stop_that_is_not_an_event_is_refused_at_the_call(self, client: qs.Queen) -> None:
+        runs = RunQueue(client, "jobs")
+        runs.submit("r1")
+        with pytest.raises(TypeError, match="stop"):
+            runs.work(lambda claim: None, ttl=30, stop=True)  # type: ignore[arg-type]  # the mistake under test
+        entries = [(e.run_id, e.attempts) for e in runs.list()]
+        assert entries == [("r1", 0)], f"the refused call took a run: {entries}"
 
 
 ids = st.text(alphabet="abc-1", min_size=1, max_size=6)
