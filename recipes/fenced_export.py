@@ -51,6 +51,7 @@ import contextlib
 import logging
 import os
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Protocol, Union, overload
@@ -250,6 +251,20 @@ def _guarded_commit(q: qs.Queen, txn: qs.Transaction, lock: qs.Lock, token: int,
         raise fenced_out(what, token, current if current else current_token(q, lock))
 
 
+def _partition_list(partitions: Any) -> list[str]:
+    """``run``'s partitions, every name checked, refused whole before the lock is taken."""
+    if isinstance(partitions, (str, bytes)):
+        # A str iterates as its characters: "2024-01-01" would export "2", "0", ...
+        raise TypeError(f"partitions must be an iterable of names, not one "
+                        f"{type(partitions).__name__} ({partitions!r}); pass [{partitions!r}]")
+    parts = [check_name(partition) for partition in partitions]
+    twice = sorted(name for name, count in Counter(parts).items() if count > 1)
+    if twice:
+        raise ValueError(f"partitions {', '.join(map(repr, twice))} are listed more than once; "
+                         "each partition is exported once per run")
+    return parts
+
+
 @dataclass(frozen=True)
 class ExportReport:
     """What one ``FencedExport.run`` did."""
@@ -323,9 +338,11 @@ class FencedExport:
 
         Raises:
             FencedOutError: a write or checkpoint was refused: another holder took over.
-            TypeError, ValueError: a bad partition name (nothing was written).
+            TypeError: ``partitions`` is one str (or bytes), not a list of names.
+            TypeError, ValueError: a bad partition name, or one listed more than once
+                (nothing was written).
         """
-        parts = [check_name(partition) for partition in partitions]
+        parts = _partition_list(partitions)
         lock = self._q.lock(self.name, **self._lock_args)
         if not lock.acquire():
             return ExportReport(acquired=False)
