@@ -337,7 +337,9 @@ class FencedExport:
             an ``ExportReport``; ``acquired`` is False when another holder has the lock.
 
         Raises:
-            FencedOutError: a write or checkpoint was refused: another holder took over.
+            FencedOutError: a write or checkpoint was refused, or the lease was lost
+                before a partition started (its ``__cause__``, a ``LockLostError``, says
+                why): another holder may have taken over; stop rather than retry.
             TypeError: ``partitions`` is one str (or bytes), not a list of names.
             TypeError, ValueError: a bad partition name, or one listed more than once
                 (nothing was written).
@@ -362,8 +364,7 @@ class FencedExport:
                     report: ExportReport) -> None:
         token = lock.token
         if token is None:
-            lock.check()  # raises LockLostError saying why
-            return
+            token = self._still_held(lock, partition)
         data = produce(partition)
         self.sink.write(partition, data, token=token, lock=lock)
         txn = self._q.transaction().guard(lock)
@@ -372,6 +373,22 @@ class FencedExport:
         report.written.append(partition)
         report.tokens[partition] = token
         log.info("export %r wrote %r with token %s", self.name, partition, token)
+
+    def _still_held(self, lock: qs.Lock, partition: str) -> int:
+        """The token of a lease found unheld before ``partition``, or the fenced-out error.
+
+        A holder whose lease lapsed is fenced out, the error ``run`` promises; the
+        ``LockLostError`` behind it (its ``__cause__``) says why.
+        """
+        what = f"{self.name}/{partition}"
+        try:
+            lock.check()
+        except qs.LockLostError as exc:
+            raise fenced_out(what, lock.last_token or 0, current_token(self._q, lock)) from exc
+        token = lock.token  # renewed just as it was first read
+        if token is None:
+            raise fenced_out(what, lock.last_token or 0, current_token(self._q, lock))
+        return token
 
     def reset(self) -> int:
         """Forget every checkpoint (the next run exports everything); returns how many."""

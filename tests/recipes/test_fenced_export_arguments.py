@@ -7,9 +7,11 @@ from typing import Any, Optional
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from manual_clock import ManualClock
 
 import queen_sync as qs
 from queen_sync.recipes.fenced_export import FencedExport
+from queen_sync.testing import FaultyEngine
 
 
 class ListSink:
@@ -54,3 +56,23 @@ class TestRunWithAPartitionListedTwice:
         _assert_untouched(client, export, sink)
         assert all(repr(p) in str(refused.value) for p in twice), (
             f"the refusal does not name {twice}: {refused.value}")
+
+
+class TestALeaseLostBetweenTwoPartitions:
+    def test_is_raised_as_the_fenced_out_error_the_docs_promise_and_the_next_is_not_written(
+            self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine, clock: ManualClock) -> None:
+        sink = ListSink()
+        export = FencedExport(faulty_mq, "sales", sink, ttl=5)
+        # The first checkpoint lands, then the lease runs out before the next partition.
+        sqlite_faults.hook_next(hook=lambda route, body: clock.advance(10),
+                                route="transaction", applied=True)
+        with pytest.raises(qs.FencedOutError) as refused:
+            export.run(["a", "b"], str)
+
+        assert (sink.writes, export.finished()) == (["a"], ["a"]), (
+            f"wrote {sink.writes}, checkpointed {export.finished()}")
+        assert refused.value.presented is not None and refused.value.presented > 0, (
+            f"the refusal does not name the lost token: {refused.value!r}")
+        cause = refused.value.__cause__
+        assert isinstance(cause, qs.LockLostError) and cause.reason == "expired", (
+            f"the refusal does not carry why the lease was lost: {cause!r}")
