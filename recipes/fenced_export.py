@@ -62,6 +62,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._fence_checks import check_name, check_token, current_token, fenced_out
 from ._sql_sink import FencedTable
@@ -70,6 +71,9 @@ __all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "Fence
            "FencedTable"]
 
 log = logging.getLogger("queen_sync.recipes")
+
+_MAX_KEY_BYTES = 1024  # the longest KV key every engine accepts
+_MAX_PARTITION_BYTES = 200  # the longest partition name (check_name)
 
 #: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
 #: A partition name never contains ``/``, so the key's last ``/`` ends the export's name.
@@ -194,7 +198,11 @@ class FencedKv:
     Args:
         client: the client (``q=`` is a deprecated spelling of this keyword).
         ns: the namespace to write into.
-        prefix: prepended to every key.
+        prefix: prepended to every key (at most 824 UTF-8 bytes, no control characters).
+
+    Raises:
+        TypeError, ValueError: a bad client, namespace or prefix (``RequestError`` is a
+            ``ValueError``), before any I/O.
     """
 
     @overload
@@ -208,7 +216,19 @@ class FencedKv:
                  prefix: str = "", q: Optional[qs.Queen] = None) -> None:
         self._q = the_client(client, q, "FencedKv")
         if not isinstance(ns, str):
-            raise TypeError(f"ns must be a str, got {type(ns).__name__}")
+            raise TypeError(f"the namespace ns must be a str, got {type(ns).__name__}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        room = _MAX_KEY_BYTES - _MAX_PARTITION_BYTES
+        if len(prefix.encode("utf-8", "surrogatepass")) > room:
+            raise ValueError(f"prefix must be at most {room} UTF-8 bytes, so that every "
+                             f"partition name fits in a key, got {prefix[:40]!r}...")
+        op = self._q.kv.op
+        op.get(ns, "p")  # checks the namespace as the store does (RequestError), no I/O
+        try:
+            op.get(ns, prefix + "p")
+        except qs.RequestError as exc:
+            raise ValueError(f"prefix {prefix[:40]!r} cannot start a key: {exc}") from exc
         self.ns = ns
         self.prefix = prefix
 
@@ -288,6 +308,8 @@ class FencedExport:
     Raises:
         UnsupportedOperationError: the client's engine lacks ``fencing`` or
             ``engine_clock_expiry`` (``capability`` names which).
+        TypeError, ValueError: a bad client, name, sink (no ``write`` method), ttl or
+            wait, before any I/O.
     """
 
     @overload
@@ -306,8 +328,9 @@ class FencedExport:
         require_arbitration(self._q, "FencedExport")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        if sink is None:
-            raise TypeError("FencedExport() needs a sink (a FencedDirectory or a FencedKv)")
+        if sink is None or not callable(getattr(sink, "write", None)):
+            raise TypeError("FencedExport() needs a sink with a write(name, data, *, token, "
+                            f"lock) method (a FencedDirectory or a FencedKv), got {sink!r:.60}")
         self.name = name
         self.sink = sink
         self._lock_args: dict[str, Any] = {"ttl": ttl, "wait": wait}
@@ -340,11 +363,13 @@ class FencedExport:
             FencedOutError: a write or checkpoint was refused, or the lease was lost
                 before a partition started (its ``__cause__``, a ``LockLostError``, says
                 why): another holder may have taken over; stop rather than retry.
-            TypeError: ``partitions`` is one str (or bytes), not a list of names.
+            TypeError: ``partitions`` is one str (or bytes), not a list of names; or
+                ``produce`` is not callable, or is a generator or async function.
             TypeError, ValueError: a bad partition name, or one listed more than once
                 (nothing was written).
         """
         parts = _partition_list(partitions)
+        check_function(produce, "FencedExport.run()'s produce")
         lock = self._q.lock(self.name, **self._lock_args)
         if not lock.acquire():
             return ExportReport(acquired=False)

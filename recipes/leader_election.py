@@ -71,6 +71,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._leader_watch import (
     Leader,
@@ -140,7 +141,8 @@ class LeaderElection:
             predecessor still runs) never lead at once.
 
     Raises:
-        TypeError, ValueError: for a bad ``ttl``, ``name`` or ``identity`` (before any I/O).
+        TypeError, ValueError: for a bad client, ``ttl``, ``name``, ``identity`` or
+            callback (not callable, or a generator or async function), before any I/O.
         UnsupportedOperationError: the client's engine lacks ``fencing`` or
             ``engine_clock_expiry`` (``capability`` names which).
     """
@@ -174,8 +176,8 @@ class LeaderElection:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{what} must be callable")
+            if fn is not None:
+                check_function(fn, what)
         self.identity = (_mint_identity() if identity is None
                          else check_identity(identity, _MAX_OWNER_BYTES))
         self.lock = self._q.lock(name, ttl=ttl, owner=candidate_owner(self.identity))
