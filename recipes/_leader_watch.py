@@ -158,14 +158,20 @@ class LeaderObserver:
 
     def wait_for_leader(self, *, newer_than: Optional[int] = None,
                         timeout: Optional[float] = None) -> Optional[Leader]:
-        """Poll until a leader is seen (with a token above ``newer_than``), or None at timeout."""
+        """Poll until a leader is seen (with a token above ``newer_than``), or None at timeout.
+
+        Once the observer is stopped, it reads the lock once more and answers at once: a
+        wait under way when ``stop()`` is called returns then, and one begun after the
+        stop waits no longer (``start()`` again to wait).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            stopped = self._stopping.is_set()  # before the read: a stop during it is seen next
             now = self._poll_quietly()
             if now is not None and (newer_than is None or now.token > newer_than):
                 return now
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if stopped or (left is not None and left <= 0):
                 return None
             self._stopping.wait(self.every if left is None else min(self.every, left))
 

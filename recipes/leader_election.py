@@ -397,6 +397,7 @@ def observe(client: qs.Queen, name: str, *,
 
     ``on_new_leader(leader)`` runs on the observer's thread once per term it sees, in
     order, each term's token higher than the last. A term that starts and ends between
-    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it.
+    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it,
+    and a ``wait_for_leader`` under way then returns after one more read.
     """
     return LeaderObserver(client, name, on_new_leader=on_new_leader, every=every).start()
