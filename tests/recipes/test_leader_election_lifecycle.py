@@ -145,3 +145,29 @@ class TestWaitingForALeaderWithAStoppedObserver:
         election.stop()
 
         assert seen is not None and seen.identity == "node-a", f"the leader was not seen: {seen}"
+
+
+class TestClosingTheClientOfALeader:
+    def test_deposes_it_at_once_for_the_reason_closed_and_ends_the_campaign(
+            self, sqlite_url: str) -> None:
+        deposed: list[tuple[str, float]] = []
+        q = qs.Queen(sqlite_url)
+        election = LeaderElection(
+            q, _fresh_name(), ttl=30,
+            on_deposed=lambda reason: deposed.append((reason, time.monotonic()))).start()
+        assert election.wait_elected(5), "never elected"
+        closed_at = time.monotonic()
+        q.close()
+        thread = election._thread
+        assert thread is not None
+        thread.join(3)  # the lease would have lasted 30 s: anything near that is late
+        told = list(deposed)
+        election.stop()
+
+        assert [reason for reason, _ in told] == ["closed"], (
+            f"on_deposed was told {told} within 3 s of the close")
+        late = told[0][1] - closed_at
+        assert late < 1, f"on_deposed came {late:.2f}s after the close"
+        assert not thread.is_alive(), "the campaign goes on after its client closed"
+        assert not election.is_leader and election.health().terms == 1, (
+            f"after the close: {election.health()}")
