@@ -80,6 +80,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._run_claim import Claim
 from ._run_records import RUNS_NS as RUNS_NS  # where users find the records' namespace
@@ -119,6 +120,7 @@ _LOCK_PREFIX = "queen-sync.run-queue/"
 _MAX_PAGE = 1000  # the wire's largest getPrefix page
 _TAKE_TRIES = 3
 _SUBMIT_CHUNK = 100
+_MAX_POLL = 3600.0  # the longest wait between looks for a free run
 _MAX_RUN_ID_BYTES = 180
 _MAX_LOCK_NAME_BYTES = 256  # the longest lock name every engine accepts
 _PROCESS_HOLDER: dict[int, str] = {}
@@ -130,6 +132,31 @@ def default_holder() -> str:
     if pid not in _PROCESS_HOLDER:
         _PROCESS_HOLDER[pid] = f"{socket.gethostname()}:{pid}:{secrets.token_hex(3)}"
     return _PROCESS_HOLDER[pid]
+
+
+def _check_poll(poll: Any) -> float:
+    seconds = qs.parse_duration(poll, what="poll")
+    if seconds > _MAX_POLL:  # a sleep that long never notices the queue (or overflows)
+        raise ValueError(f"poll must be at most {_MAX_POLL:.0f}s, got {poll!r}")
+    return seconds
+
+
+def _pairs(runs: Any) -> List[tuple[Any, Any]]:
+    """``submit_many``'s runs as (run id, payload) pairs; anything else is refused whole."""
+    if isinstance(runs, Mapping):
+        return list(runs.items())
+    # A str is an iterable of strs, and each id of two characters unpacks into a pair.
+    if isinstance(runs, (str, bytes)) or not isinstance(runs, Iterable):
+        raise TypeError(f"submit_many takes {{run_id: payload}} or (run_id, payload) pairs, "
+                        f"got {type(runs).__name__}")
+    pairs = []
+    for n, item in enumerate(runs):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(
+                f"submit_many takes {{run_id: payload}} or (run_id, payload) pairs, but item "
+                f"{n} is {item!r}; for ids without payloads pass dict.fromkeys(ids)")
+        pairs.append((item[0], item[1]))
+    return pairs
 
 
 class RunQueue:
@@ -197,12 +224,17 @@ class RunQueue:
     def submit_many(self, runs: Union[Mapping[str, Any], Iterable[tuple[str, Any]]]) -> int:
         """Add many runs (``{run_id: payload}`` or pairs), a hundred per call.
 
-        Every id is checked before anything is written.
+        Every id is checked before anything is written. Ids without payloads go in as
+        ``dict.fromkeys(ids)``.
 
         Returns:
             How many of the runs were new.
+
+        Raises:
+            TypeError: ``runs`` is not a mapping or an iterable of ``(run_id, payload)``
+                tuples or lists (a list of ids, say); nothing is written.
         """
-        pairs = list(runs.items() if isinstance(runs, Mapping) else runs)
+        pairs = _pairs(runs)
         for run_id, _ in pairs:
             self._check_run_id(run_id)
         added = 0
@@ -444,7 +476,7 @@ class RunQueue:
 
     def work(self, fn: Callable[[Claim], Any], *, holder: Optional[str] = None,
              ttl: Duration, stop: Optional[threading.Event] = None,
-             poll: float = 0.2) -> int:
+             poll: Duration = 0.2) -> int:
         """Claim runs and complete each with ``fn(claim)``'s return value.
 
         Without ``stop`` it returns once no run is pending (runs claimed by others
@@ -454,9 +486,24 @@ class RunQueue:
         dropped unfinished: its new holder finishes it. A run whose ``fn`` raises is
         released and the exception propagates.
 
+        ``poll`` is how long to wait between looks when no run is free (seconds, a
+        timedelta or ``"200ms"``; more than 0, at most an hour).
+
         Returns:
             how many runs this call completed.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or is a generator or async function; or
+                ``stop`` is not an event (``is_set()`` and ``wait()``). Before any claim,
+                so no attempt is spent on it.
+            TypeError, ValueError: a bad ``poll``, ``holder`` or ``ttl``, before any claim.
         """
+        check_function(fn, "work()'s fn")
+        poll = _check_poll(poll)
+        if stop is not None and not (callable(getattr(stop, "is_set", None))
+                                     and callable(getattr(stop, "wait", None))):
+            raise TypeError(f"stop must be a threading.Event (or None), got "
+                            f"{type(stop).__name__}")
         completed = 0
         while not (stop is not None and stop.is_set()):
             claim = self.claim(holder=holder, ttl=ttl)
