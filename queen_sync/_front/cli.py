@@ -116,7 +116,13 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=30)
 
 
-_URL_IN_TEXT = re.compile(r"""[^\s'"]*://[^\s'"]*""")
+# A URL in argparse's message: a quoted repr of a word holding ``://`` (escapes and the other
+# quote inside it), or an unquoted run.
+_URL_IN_TEXT = re.compile(r"""'(?:[^'\\]|\\.)*://(?:[^'\\]|\\.)*'"""
+                          r"""|"(?:[^"\\]|\\.)*://(?:[^"\\]|\\.)*"|[^\s'"]*://[^\s'"]*""")
+# One command-line word: a URL runs from its scheme (at the start or after ``=``) to the
+# word's end, quotes included, since a password may hold a quote.
+_URL_IN_WORD = re.compile(r"(?<![^=])[A-Za-z][A-Za-z0-9+.-]*://\S*")
 # A ``password=`` field of a key-value connection string, which holds no ``://`` to find.
 _PASSWORD_FIELD = re.compile(r"""((?:ssl)?password\s*=\s*)('[^']*'?|[^\s'"]+)""", re.I)
 
@@ -130,8 +136,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _mask_urls(text: str) -> str:
     """``text`` with every URL in it masked, for argparse's echo of a word it refused."""
-    text = _URL_IN_TEXT.sub(lambda found: redact_url_for_error(found.group()), text)
+    text = _URL_IN_TEXT.sub(lambda found: _masked_span(found.group()), text)
     return _PASSWORD_FIELD.sub(r"\1***", text)
+
+
+def _masked_span(span: str) -> str:
+    """One URL found in a message, masked; a quoted one keeps its quotes."""
+    if span[0] in "'\"" and span[-1] == span[0]:
+        return f"{span[0]}{_masked_word(span[1:-1], None)}{span[0]}"
+    return redact_url_for_error(span)
 
 
 def _masked_word(word: str, url: Optional[str]) -> str:
@@ -143,7 +156,8 @@ def _masked_word(word: str, url: Optional[str]) -> str:
     if url and url in word:
         shown = redact_url_for_error(url) if "://" in url else "***" if "=" in url else url
         return word.replace(url, shown)
-    return _mask_urls(word)
+    word = _URL_IN_WORD.sub(lambda found: redact_url_for_error(found.group()), word)
+    return _PASSWORD_FIELD.sub(r"\1***", word)
 
 
 def option_first(message: str) -> str:
