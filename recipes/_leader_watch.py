@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional
 import queen_sync as qs
 from queen_sync import Duration
 
+from ._callables import check_function
+from ._client_arg import check_client
 from ._engine_time import utc
 
 log = logging.getLogger("queen_sync.recipes")
@@ -98,20 +100,19 @@ class LeaderObserver:
             ``"1s"``; at most an hour).
 
     Raises:
-        TypeError, ValueError: for a bad ``name``, ``every`` or ``on_new_leader``.
+        TypeError, ValueError: for a bad client, ``name``, ``every`` or ``on_new_leader``.
     """
 
     def __init__(self, client: qs.Queen, name: str, *,
                  on_new_leader: Optional[Callable[[Leader], Any]] = None,
                  every: Duration = 1.0) -> None:
-        if not isinstance(client, qs.Queen):
-            raise TypeError(f"client must be a queen_sync.Queen, got {type(client).__name__}")
+        check_client(client, "LeaderObserver")
         client.lock(name, ttl=1)  # checks the name as every lock name is checked (no I/O)
         self.every = qs.parse_duration(every, what="every")
         if self.every > MAX_OBSERVE_EVERY:
             raise ValueError(f"every must be at most {MAX_OBSERVE_EVERY:.0f}s, got {every!r}")
-        if on_new_leader is not None and not callable(on_new_leader):
-            raise TypeError("on_new_leader must be callable")
+        if on_new_leader is not None:
+            check_function(on_new_leader, "on_new_leader")
         self._q = client
         self.name = name
         self._on_new_leader = on_new_leader
@@ -157,14 +158,20 @@ class LeaderObserver:
 
     def wait_for_leader(self, *, newer_than: Optional[int] = None,
                         timeout: Optional[float] = None) -> Optional[Leader]:
-        """Poll until a leader is seen (with a token above ``newer_than``), or None at timeout."""
+        """Poll until a leader is seen (with a token above ``newer_than``), or None at timeout.
+
+        Once the observer is stopped, it reads the lock once more and answers at once: a
+        wait under way when ``stop()`` is called returns then, and one begun after the
+        stop waits no longer (``start()`` again to wait).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            stopped = self._stopping.is_set()  # before the read: a stop during it is seen next
             now = self._poll_quietly()
             if now is not None and (newer_than is None or now.token > newer_than):
                 return now
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if stopped or (left is not None and left <= 0):
                 return None
             self._stopping.wait(self.every if left is None else min(self.every, left))
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import queen_sync as qs
 
+from ._client_arg import check_client
 from ._fence_checks import check_name, check_token, current_token, fenced_out
 
 #: The capability an engine needs for this sink (PostgreSQL has it).
@@ -44,11 +45,13 @@ class FencedTable:
     Raises:
         UnsupportedOperationError: the engine lacks ``user_table_fencing`` (SQLite, the
             Queen broker): use ``FencedKv`` or ``FencedDirectory`` there.
+        TypeError: ``client`` is not a ``queen_sync.Queen``.
         TypeError, ValueError: a bad table or column name (before any I/O).
     """
 
     def __init__(self, client: qs.Queen, conn: Any, table: str, *, key: str = "partition",
                  value: str = "data", token: str = "token") -> None:
+        check_client(client, "FencedTable")
         if not client.capabilities.user_table_fencing:
             raise qs.UnsupportedOperationError(
                 f"FencedTable needs an engine with {CAPABILITY} (PostgreSQL); "

@@ -51,6 +51,7 @@ import contextlib
 import logging
 import os
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Protocol, Union, overload
@@ -61,6 +62,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._fence_checks import check_name, check_token, current_token, fenced_out
 from ._sql_sink import FencedTable
@@ -69,6 +71,9 @@ __all__ = ["ExportReport", "FencedDirectory", "FencedExport", "FencedKv", "Fence
            "FencedTable"]
 
 log = logging.getLogger("queen_sync.recipes")
+
+_MAX_KEY_BYTES = 1024  # the longest KV key every engine accepts
+_MAX_PARTITION_BYTES = 200  # the longest partition name (check_name)
 
 #: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
 #: A partition name never contains ``/``, so the key's last ``/`` ends the export's name.
@@ -193,7 +198,11 @@ class FencedKv:
     Args:
         client: the client (``q=`` is a deprecated spelling of this keyword).
         ns: the namespace to write into.
-        prefix: prepended to every key.
+        prefix: prepended to every key (at most 824 UTF-8 bytes, no control characters).
+
+    Raises:
+        TypeError, ValueError: a bad client, namespace or prefix (``RequestError`` is a
+            ``ValueError``), before any I/O.
     """
 
     @overload
@@ -207,7 +216,19 @@ class FencedKv:
                  prefix: str = "", q: Optional[qs.Queen] = None) -> None:
         self._q = the_client(client, q, "FencedKv")
         if not isinstance(ns, str):
-            raise TypeError(f"ns must be a str, got {type(ns).__name__}")
+            raise TypeError(f"the namespace ns must be a str, got {type(ns).__name__}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        room = _MAX_KEY_BYTES - _MAX_PARTITION_BYTES
+        if len(prefix.encode("utf-8", "surrogatepass")) > room:
+            raise ValueError(f"prefix must be at most {room} UTF-8 bytes, so that every "
+                             f"partition name fits in a key, got {prefix[:40]!r}...")
+        op = self._q.kv.op
+        op.get(ns, "p")  # checks the namespace as the store does (RequestError), no I/O
+        try:
+            op.get(ns, prefix + "p")
+        except qs.RequestError as exc:
+            raise ValueError(f"prefix {prefix[:40]!r} cannot start a key: {exc}") from exc
         self.ns = ns
         self.prefix = prefix
 
@@ -250,6 +271,20 @@ def _guarded_commit(q: qs.Queen, txn: qs.Transaction, lock: qs.Lock, token: int,
         raise fenced_out(what, token, current if current else current_token(q, lock))
 
 
+def _partition_list(partitions: Any) -> list[str]:
+    """``run``'s partitions, every name checked, refused whole before the lock is taken."""
+    if isinstance(partitions, (str, bytes)):
+        # A str iterates as its characters: "2024-01-01" would export "2", "0", ...
+        raise TypeError(f"partitions must be an iterable of names, not one "
+                        f"{type(partitions).__name__} ({partitions!r}); pass [{partitions!r}]")
+    parts = [check_name(partition) for partition in partitions]
+    twice = sorted(name for name, count in Counter(parts).items() if count > 1)
+    if twice:
+        raise ValueError(f"partitions {', '.join(map(repr, twice))} are listed more than once; "
+                         "each partition is exported once per run")
+    return parts
+
+
 @dataclass(frozen=True)
 class ExportReport:
     """What one ``FencedExport.run`` did."""
@@ -273,6 +308,8 @@ class FencedExport:
     Raises:
         UnsupportedOperationError: the client's engine lacks ``fencing`` or
             ``engine_clock_expiry`` (``capability`` names which).
+        TypeError, ValueError: a bad client, name, sink (no ``write`` method), ttl or
+            wait, before any I/O.
     """
 
     @overload
@@ -291,8 +328,9 @@ class FencedExport:
         require_arbitration(self._q, "FencedExport")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        if sink is None:
-            raise TypeError("FencedExport() needs a sink (a FencedDirectory or a FencedKv)")
+        if sink is None or not callable(getattr(sink, "write", None)):
+            raise TypeError("FencedExport() needs a sink with a write(name, data, *, token, "
+                            f"lock) method (a FencedDirectory or a FencedKv), got {sink!r:.60}")
         self.name = name
         self.sink = sink
         self._lock_args: dict[str, Any] = {"ttl": ttl, "wait": wait}
@@ -322,10 +360,16 @@ class FencedExport:
             an ``ExportReport``; ``acquired`` is False when another holder has the lock.
 
         Raises:
-            FencedOutError: a write or checkpoint was refused: another holder took over.
-            TypeError, ValueError: a bad partition name (nothing was written).
+            FencedOutError: a write or checkpoint was refused, or the lease was lost
+                before a partition started (its ``__cause__``, a ``LockLostError``, says
+                why): another holder may have taken over; stop rather than retry.
+            TypeError: ``partitions`` is one str (or bytes), not a list of names; or
+                ``produce`` is not callable, or is a generator or async function.
+            TypeError, ValueError: a bad partition name, or one listed more than once
+                (nothing was written).
         """
-        parts = [check_name(partition) for partition in partitions]
+        parts = _partition_list(partitions)
+        check_function(produce, "FencedExport.run()'s produce")
         lock = self._q.lock(self.name, **self._lock_args)
         if not lock.acquire():
             return ExportReport(acquired=False)
@@ -345,8 +389,7 @@ class FencedExport:
                     report: ExportReport) -> None:
         token = lock.token
         if token is None:
-            lock.check()  # raises LockLostError saying why
-            return
+            token = self._still_held(lock, partition)
         data = produce(partition)
         self.sink.write(partition, data, token=token, lock=lock)
         txn = self._q.transaction().guard(lock)
@@ -355,6 +398,22 @@ class FencedExport:
         report.written.append(partition)
         report.tokens[partition] = token
         log.info("export %r wrote %r with token %s", self.name, partition, token)
+
+    def _still_held(self, lock: qs.Lock, partition: str) -> int:
+        """The token of a lease found unheld before ``partition``, or the fenced-out error.
+
+        A holder whose lease lapsed is fenced out, the error ``run`` promises; the
+        ``LockLostError`` behind it (its ``__cause__``) says why.
+        """
+        what = f"{self.name}/{partition}"
+        try:
+            lock.check()
+        except qs.LockLostError as exc:
+            raise fenced_out(what, lock.last_token or 0, current_token(self._q, lock)) from exc
+        token = lock.token  # renewed just as it was first read
+        if token is None:
+            raise fenced_out(what, lock.last_token or 0, current_token(self._q, lock))
+        return token
 
     def reset(self) -> int:
         """Forget every checkpoint (the next run exports everything); returns how many."""

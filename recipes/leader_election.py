@@ -33,8 +33,10 @@ What it guarantees:
       and every term has a token higher than any earlier term's.
     * ``on_elected(token)`` and ``on_deposed(reason)`` run once per term, on the
       campaign thread (never on the renewer thread). ``reason`` is ``"renew"``,
-      ``"expired"`` or ``"guard"`` when the lease was lost, ``"resigned"`` when this
-      candidate gave it up (``resign()``, ``stop()``, the end of ``run()``).
+      ``"expired"`` or ``"guard"`` when the lease was lost, ``"closed"`` when its
+      client was closed (``q.close()`` gives the lease back, and the term ends then),
+      ``"resigned"`` when this candidate gave it up (``resign()``, ``stop()``, the end
+      of ``run()``).
     * A won lease is re-read from the engine (``lock.verify()``) before its term
       starts: a permit taken away meanwhile starts no term and calls no callback.
     * After a term ends, the candidate does not campaign again for one renew
@@ -71,6 +73,7 @@ import queen_sync as qs
 from queen_sync import Duration
 
 from ._arbitration import require_arbitration
+from ._callables import check_function
 from ._client_arg import the_client
 from ._leader_watch import (
     Leader,
@@ -140,7 +143,8 @@ class LeaderElection:
             predecessor still runs) never lead at once.
 
     Raises:
-        TypeError, ValueError: for a bad ``ttl``, ``name`` or ``identity`` (before any I/O).
+        TypeError, ValueError: for a bad client, ``ttl``, ``name``, ``identity`` or
+            callback (not callable, or a generator or async function), before any I/O.
         UnsupportedOperationError: the client's engine lacks ``fencing`` or
             ``engine_clock_expiry`` (``capability`` names which).
     """
@@ -174,11 +178,15 @@ class LeaderElection:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         for what, fn in (("on_elected", on_elected), ("on_deposed", on_deposed)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{what} must be callable")
+            if fn is not None:
+                check_function(fn, what)
         self.identity = (_mint_identity() if identity is None
                          else check_identity(identity, _MAX_OWNER_BYTES))
-        self.lock = self._q.lock(name, ttl=ttl, owner=candidate_owner(self.identity))
+        # The handle's own wait is each campaign try's (``lock.run`` takes it): a renew
+        # interval, at most a second, so that stop() is noticed promptly.
+        retry_every = self._q.lock(name, ttl=ttl).renew_every
+        self.lock = self._q.lock(name, ttl=ttl, owner=candidate_owner(self.identity),
+                                 wait=min(retry_every, _MAX_CAMPAIGN_WAIT))
         self.name = name
         self.retry_every = self.lock.renew_every
         self._on_elected = on_elected
@@ -247,8 +255,8 @@ class LeaderElection:
                 pause = self._cooldown_until - time.monotonic()
                 if pause > 0:
                     self._stopping.wait(pause)
-                elif self._campaign_once():
-                    self._serve_term()
+                else:
+                    self._campaign_once()
         finally:
             if self.lock.held or self._elected.is_set():
                 self._resigning = True
@@ -294,20 +302,26 @@ class LeaderElection:
         self._wake.set()
         return released
 
-    def _campaign_once(self) -> bool:
+    def _campaign_once(self) -> None:
+        """One try for the lease; a term, when won, served to its end inside ``lock.run``.
+
+        In the block: ``q.close()`` then marks the lease lost (``"closed"``) as it gives it
+        back, which wakes the term at once; outside one, close() would only drop the token
+        and the term would notice at the lease's deadline, as ``"expired"``.
+        """
         try:
-            won = self._win()
+            won = self.lock.run(self._term).acquired
         except qs.EngineError as exc:
             # The engine is unreachable: nobody can be elected through it; try again later.
             log.warning("campaign for %r failed, retrying: %s", self.name, exc)
             self._failed(exc)
-            return False
+            return
         except qs.QueenError as exc:
             # Not the engine's: a closed client, which no retry mends. The campaign ends.
             log.warning("campaign for %r stops: %s", self.name, exc)
             self._last_error = str(exc)
             self._stopping.set()
-            return False
+            return
         except Exception as exc:
             # No error queen_sync knows (a custom engine's bug, say): the campaign thread must
             # not die of it unheard. Its traceback is told once a streak; then it retries.
@@ -318,23 +332,26 @@ class LeaderElection:
                 log.warning("campaign for %r failed again, retrying: %r", self.name, exc)
             self._unexpected = exc
             self._failed(exc)
-            return False
-        if self._unexpected is not None:
-            log.info("campaign for %r goes on after %r", self.name, self._unexpected)
-        self._last_error, self._unexpected = None, None
-        return won
+            return
+        if not won:
+            self._answered()  # busy: the engine answered, so no failure lasts
 
-    def _win(self) -> bool:
-        """Acquire the lease (waiting a while), then make sure the engine agrees it is ours."""
-        won = self.lock.acquire(wait=min(self.retry_every, _MAX_CAMPAIGN_WAIT))
-        if won and not self.lock.verify():
+    def _term(self) -> None:
+        """Under the lease just won: start a term if the engine agrees it is ours."""
+        self._answered()
+        if not self.lock.verify():
             # The permit was taken away between the win and now (a break-glass release,
             # then another candidate): no term starts, and the cooldown keeps out of its way.
             log.warning("%s won %r but the permit is no longer its own; no term starts",
                         self.identity, self.name)
             self._cooldown_until = time.monotonic() + self.retry_every
-            return False
-        return won
+            return
+        self._serve_term()
+
+    def _answered(self) -> None:
+        if self._unexpected is not None:
+            log.info("campaign for %r goes on after %r", self.name, self._unexpected)
+        self._last_error, self._unexpected = None, None
 
     def _failed(self, exc: Exception) -> None:
         self._last_error = str(exc) or repr(exc)
@@ -360,7 +377,9 @@ class LeaderElection:
         else:
             reason = "resigned" if self._resigning else "expired"
         # Anti-thrash: a candidate that just lost the lease stays out for one renew interval.
-        self._cooldown_until = time.monotonic() + self.retry_every
+        # Not after a close: its next try finds the client closed and ends the campaign.
+        if reason != "closed":
+            self._cooldown_until = time.monotonic() + self.retry_every
         self._elected.clear()
         log.info("%s no longer leads %r (%s)", self.identity, self.name, reason)
         if self._on_deposed is not None:
@@ -395,6 +414,7 @@ def observe(client: qs.Queen, name: str, *,
 
     ``on_new_leader(leader)`` runs on the observer's thread once per term it sees, in
     order, each term's token higher than the last. A term that starts and ends between
-    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it.
+    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it,
+    and a ``wait_for_leader`` under way then returns after one more read.
     """
     return LeaderObserver(client, name, on_new_leader=on_new_leader, every=every).start()
