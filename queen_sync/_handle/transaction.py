@@ -10,6 +10,7 @@ their shapes are in ``queue_ops``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration
-from .._errors import LockNotHeldError, RequestError, UnsupportedOperationError
+from .._errors import EngineError, LockNotHeldError, RequestError, UnsupportedOperationError
 from .._process import ProcessBound
 from .._results import Result
 from . import queue_ops
@@ -170,6 +171,11 @@ class Transaction(ProcessBound):
 
     Queue riders (``queue``, ``ack``, ``timer``) exist only on a Queen broker; on the
     embedded engines they raise ``UnsupportedOperationError`` when added.
+
+    A bundle commits at most once: after a commit that applied it, or whose answer never
+    came (it may have applied), committing it again or adding to it raises
+    ``RequestError`` (``code == "transaction_spent"``). A bundle that lost a precondition,
+    or that the engine refused, applied nothing and may be committed again.
     """
 
     _remake = "build another with q.transaction()"
@@ -181,19 +187,35 @@ class Transaction(ProcessBound):
         self._leases: list[str] = []
         self._kv: list[tuple[dict[str, Any], _Rebuild]] = []
         self._timers: list[dict[str, Any]] = []
+        # Held by a commit from its checks to its answer: a second thread's commit or add
+        # waits, then finds the bundle spent rather than sending it again.
+        self._committing = threading.Lock()
+        self._spent: Optional[str] = None  # why it may not be sent again, once it is spent
         self.kv = _BundleKv(self)
 
+    def _check_unspent(self) -> None:
+        if self._spent is not None:
+            raise RequestError(f"this transaction {self._spent}: a bundle commits at most "
+                               "once; build another with q.transaction()",
+                               code="transaction_spent")
+
     def _add(self, op: dict[str, Any], rebuild: _Rebuild = None) -> Transaction:
-        self._kv.append((op, rebuild))
+        with self._committing:
+            self._check_unspent()
+            self._kv.append((op, rebuild))
         return self
 
     def _add_operations(self, ops: list[dict[str, Any]]) -> Transaction:
-        self._operations.extend(ops)
-        self._leases.extend(op["leaseId"] for op in ops if "leaseId" in op)
+        with self._committing:
+            self._check_unspent()
+            self._operations.extend(ops)
+            self._leases.extend(op["leaseId"] for op in ops if "leaseId" in op)
         return self
 
     def _add_timer(self, op: dict[str, Any]) -> Transaction:
-        self._timers.append(op)
+        with self._committing:
+            self._check_unspent()
+            self._timers.append(op)
         return self
 
     def _require_queues(self) -> None:
@@ -253,7 +275,9 @@ class Transaction(ProcessBound):
                 f"cannot guard with lock {lock.name!r}: it is a lease of another store "
                 f"({lock.engine_url}) than this transaction's ({self._client.url})",
                 code="guard_other_store")
-        self._guards.append(lock)
+        with self._committing:
+            self._check_unspent()
+            self._guards.append(lock)
         return self
 
     def once(self, ns: str, key: str, *, value: Any = True, ttl: Optional[Duration] = None,
@@ -275,7 +299,14 @@ class Transaction(ProcessBound):
                 engine refused it for another reason than a lost precondition (``code``
                 is the engine's error, e.g. an ack whose lease is over).
             LockNotHeldError: a guard's lock is not held by its handle.
+            RequestError: the bundle is spent (``code == "transaction_spent"``): it was
+                committed, or its commit ended without an answer and may have applied.
         """
+        with self._committing:
+            self._check_unspent()
+            return self._commit_once()
+
+    def _commit_once(self) -> Result:
         if not (self._operations or self._kv or self._timers or self._guards):
             raise RequestError("this transaction has nothing to commit: add a write, a push, "
                                "an ack, a timer or a guard first", code="empty_transaction")
@@ -283,8 +314,16 @@ class Transaction(ProcessBound):
             if not lock.held:
                 raise LockNotHeldError(f"cannot guard with lock {lock.name!r}: not held",
                                        name=lock.name)
-        answer = self._send()
-        if answer.get("success") or answer.get("reason") == "kv_precondition":
+        try:
+            answer = self._send()
+        except EngineError:
+            # No answer: the bundle may have landed, and sent again it could apply twice.
+            self._spent = "was sent and its answer never came, so it may have applied"
+            raise
+        if answer.get("success"):
+            self._spent = "is already committed"
+            return answer
+        if answer.get("reason") == "kv_precondition":  # a lost precondition applied nothing
             return answer
         raise _refusal(answer)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, Callable, Mapping
 
 import pytest
@@ -322,3 +323,86 @@ class TestTheAnswersOfACommittedBundle:
             assert isinstance(verdict, bool) and bool(answer) is verdict, (kind, answer)
             expected = kind in ("fresh put", "get present", "incr")
             assert verdict is expected, f"{kind}: {answer}"
+
+
+class TestABundleCommitsAtMostOnce:
+    """A bundle whose writes landed, or may have landed, is spent: committing it again, or
+    adding to it, is refused (``code == "transaction_spent"``) and sends nothing. One that
+    lost a precondition applied nothing, so it may be committed again."""
+
+    def test_a_second_commit_of_an_applied_bundle_is_refused_and_applies_nothing(
+            self, q: qs.Queen) -> None:
+        txn = q.transaction().kv.incr("spent", "n", forever=True)
+        assert txn.commit()
+        with pytest.raises(qs.RequestError) as refused:
+            txn.commit()
+        assert refused.value.code == "transaction_spent", refused.value
+        assert q.kv.get("spent", "n")["value"] == 1, "the bundle applied twice"
+
+    @pytest.mark.parametrize("add", [
+        lambda t: t.kv.put("spent", "late", 1, forever=True),
+        lambda t: t.once("spent", "late", ttl="1h"),
+        lambda t: t.kv.incr("spent", "late", forever=True),
+    ], ids=["put", "once", "incr"])
+    def test_adding_to_an_applied_bundle_is_refused(
+            self, q: qs.Queen, add: Callable[[qs.Transaction], qs.Transaction]) -> None:
+        txn = q.transaction().kv.incr("spent", "n", forever=True)
+        assert txn.commit()
+        with pytest.raises(qs.RequestError) as refused:
+            add(txn)
+        assert refused.value.code == "transaction_spent", refused.value
+        assert not q.kv.get("spent", "late"), "a write added after the commit landed"
+
+    def test_a_guard_added_to_an_applied_bundle_is_refused(self, q: qs.Queen) -> None:
+        lock = q.lock("job", ttl=30)
+        assert lock.acquire()
+        txn = q.transaction().guard(lock).kv.incr("spent", "n", forever=True)
+        assert txn.commit()
+        with pytest.raises(qs.RequestError, match="already committed"):
+            txn.guard(lock)
+
+    def test_a_bundle_that_lost_a_precondition_may_be_committed_again_and_applies_once(
+            self, q: qs.Queen) -> None:
+        q.kv.put("spent", "gate", "closed", forever=True)
+        txn = (q.transaction().kv.check("spent", "gate", expect=0, required=True)
+               .kv.incr("spent", "n", forever=True))
+        lost = txn.commit()
+        assert not lost and q.kv.get("spent", "n").get("value") is None, lost
+        q.kv.delete("spent", "gate")
+        assert txn.commit(), "the retried bundle did not commit"
+        assert q.kv.get("spent", "n")["value"] == 1
+        with pytest.raises(qs.RequestError, match="already committed"):
+            txn.commit()
+        assert q.kv.get("spent", "n")["value"] == 1, "the bundle applied twice"
+
+    def test_a_bundle_whose_answer_was_lost_is_spent(
+            self, faults: FaultyEngine, faulty_q: qs.Queen) -> None:
+        txn = faulty_q.transaction().kv.incr("spent", "n", forever=True)
+        faults.fail_next(route="transaction", applied=True)  # it lands; the answer is lost
+        with pytest.raises(qs.EngineError):
+            txn.commit()
+        with pytest.raises(qs.RequestError) as refused:
+            txn.commit()
+        assert refused.value.code == "transaction_spent", refused.value
+        assert "may have" in str(refused.value), f"the outcome is not told: {refused.value}"
+        assert faulty_q.kv.get("spent", "n")["value"] == 1, "the bundle applied twice"
+
+    def test_threads_committing_one_bundle_apply_it_once(self, q: qs.Queen) -> None:
+        txn = q.transaction().kv.incr("spent", "n", forever=True)
+        start = threading.Barrier(4)
+        outcomes: list[str] = []
+
+        def commit() -> None:
+            start.wait()
+            try:
+                outcomes.append("committed" if txn.commit() else "lost")
+            except qs.RequestError as exc:
+                outcomes.append(str(exc.code))
+
+        threads = [threading.Thread(target=commit) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(outcomes) == ["committed"] + ["transaction_spent"] * 3, outcomes
+        assert q.kv.get("spent", "n")["value"] == 1, "the bundle applied more than once"
