@@ -25,11 +25,19 @@ MIN_TTL_SECONDS = 1.0
 MIN_RENEW_EVERY_SECONDS = MIN_TTL_SECONDS / 3
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_RANK = {"d": 0, "h": 1, "m": 2, "s": 3, "ms": 4}  # the order a duration is written in
+# ASCII digits only: ``\d`` would take any script's digits, which no one types for seconds.
+_PART = re.compile(r"(\d+(?:\.\d+)?) *(ms|s|m|h|d) *", re.ASCII)
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|nan)",
+                     re.ASCII | re.IGNORECASE)
 
 
 def parse_duration(value: Duration, *, what: str = "duration") -> float:
     """Seconds in ``value``: a number of seconds, a ``timedelta`` or a string like ``"1h30m"``.
+
+    A string is a number of seconds, or parts of ``d``, ``h``, ``m``, ``s`` and ``ms``, each
+    unit at most once and largest first (``"1h 30m"``), so ``"5m5m"`` is refused, not 10
+    minutes.
 
     Raises:
         TypeError: for a bool or a value of another type.
@@ -59,26 +67,19 @@ def _as_float(value: float) -> float:
 
 
 def _parse_text(text: str, what: str) -> float:
-    compact = text.strip().replace(" ", "")
-    if compact and _is_number(compact):
+    compact = text.strip()
+    if _NUMBER.fullmatch(compact):
         return float(compact)
-    pos, total = 0, 0.0
+    pos, total, last_rank = 0, 0.0, -1
     for match in _PART.finditer(compact):
-        if match.start() != pos:
+        rank = _UNIT_RANK[match.group(2)]
+        if match.start() != pos or rank <= last_rank:
             break
         total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
+        pos, last_rank = match.end(), rank
     if not compact or pos != len(compact):
         raise ValueError(f"{what}: {text!r} is not a duration (e.g. 30s, 5m, 1h30m)")
     return total
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def seconds_text(seconds: Optional[float]) -> str:

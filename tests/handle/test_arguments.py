@@ -6,13 +6,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import queen_sync as qs
 from queen_sync import parse_duration
 from queen_sync._durations import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from queen_sync.testing import FaultyEngine
+
+_UNIT_ORDER = ["d", "h", "m", "s", "ms"]  # largest first, as a duration is written
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 
 
 @pytest.fixture
@@ -35,6 +38,28 @@ class TestLifetimes:
     def test_malformed_or_non_positive_durations_are_value_errors(self, bad: str) -> None:
         with pytest.raises(ValueError):
             qs.parse_duration(bad)
+
+    @settings(max_examples=200, deadline=None)
+    @given(parts=st.lists(st.tuples(st.sampled_from(_UNIT_ORDER),
+                                    st.decimals(min_value=0, max_value=999, places=2)),
+                          min_size=1, max_size=5, unique_by=lambda part: part[0]),
+           spaced=st.booleans())
+    def test_a_string_of_distinct_units_largest_first_is_their_sum(
+            self, parts: list[tuple[str, Any]], spaced: bool) -> None:
+        parts.sort(key=lambda part: _UNIT_ORDER.index(part[0]))
+        text = (" " if spaced else "").join(f"{number}{unit}" for unit, number in parts)
+        seconds = sum(float(number) * _UNIT_SECONDS[unit] for unit, number in parts)
+        assume(seconds > 0)
+        assert parse_duration(text) == pytest.approx(seconds), text
+
+    @pytest.mark.parametrize("bad", [
+        "5m5m", "1s1s", "30s1m", "1m1h", "500ms1s", "1h1d",  # a unit twice, or out of order
+        "\u0665m", "1\u0660s", "\uff15s", "\u0665",  # digits of other scripts
+        "1_000", "1_0s", "1 0s", "1. 5s", "5 m 5",  # not one ASCII number per part
+    ])
+    def test_a_string_that_says_a_duration_two_ways_is_a_value_error(self, bad: str) -> None:
+        with pytest.raises(ValueError, match="duration"):
+            parse_duration(bad)
 
     @pytest.mark.parametrize("bad", [True, None, [5], b"5s"])
     def test_durations_of_another_type_are_type_errors(self, bad: Any) -> None:
