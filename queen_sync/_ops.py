@@ -254,7 +254,7 @@ def check_lock_op(op: Any) -> Mapping[str, Any]:
     if type(op) is dict and _known_good(op):
         return op
     kind = op.get("op")
-    if kind not in LOCK_OPS:
+    if not isinstance(kind, str) or kind not in LOCK_OPS:
         raise _lock_error(f"unknown lock op {kind!r}; expected one of {sorted(LOCK_OPS)}")
     check_name(op.get("name"))
     if kind == "acquire":
@@ -311,7 +311,7 @@ def check_kv_op(op: Any, *, in_transaction: bool = False) -> Mapping[str, Any]:
         raise TypeError(f"a KV op must be a dict, got {type(op).__name__}")
     kind = op.get("op")
     allowed = KV_TRANSACTION_OPS if in_transaction else KV_READ_OPS | KV_WRITE_OPS
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         where = "inside a transaction" if in_transaction else "on /kv"
         raise _kv_error(f"KV op {kind!r} is not allowed {where}; expected one of {sorted(allowed)}")
     check_ns(op.get("ns"))
@@ -435,10 +435,17 @@ class LockOps:
         return dict(check_lock_op({"op": "get", "name": name}))
 
 
+def _flag(value: Any, what: str) -> bool:
+    """A keyword flag, which must be a bool: read by its truth, ``"no"`` would mean yes."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
 def _with_flags(op: dict[str, Any], *, expect: Any = ..., required: bool = False) -> dict[str, Any]:
     if expect is not ...:
         op["expect"] = expect
-    if required:
+    if _flag(required, "required"):
         op["required"] = True
     return op
 
@@ -475,7 +482,7 @@ class KvOps:
             op["after"] = after
         if limit is not None:
             op["limit"] = limit
-        if keys_only:
+        if _flag(keys_only, "keys_only"):
             op["keysOnly"] = True
         return dict(check_kv_op(op))
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import queen_sync as qs
@@ -310,3 +310,68 @@ class TestNamesAndNumbers:
             q.kv.get("app", "k")
         with pytest.raises(qs.QueenError, match="closed"):
             q.lock("job", ttl=5)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+_KV_FIELDS = ["op", "ns", "key", "keys", "prefix", "value", "ttlSeconds", "forever", "expect",
+              "required", "delta", "min", "max", "after", "limit", "keysOnly"]
+_LOCK_FIELDS = ["op", "name", "ttlSeconds", "owner", "limit", "token", "slot"]
+
+
+def _raw_ops(fields: list[str], kinds: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    """Ops whose fields hold any JSON value, the ``op`` field a known kind or anything."""
+    return st.fixed_dictionaries(
+        {"op": st.sampled_from(kinds) | _JSON},
+        optional={field: _JSON for field in fields if field != "op"})
+
+
+class TestRawOpsOfAnyShape:
+    """A raw op, however malformed, is refused with a typed error naming what is wrong; no
+    Python error of the checks' own (an unhashable list, a missing key) escapes."""
+
+    @settings(max_examples=300, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(op=_raw_ops(_KV_FIELDS, ["get", "getMany", "getPrefix", "put", "putIfAbsent",
+                                    "delete", "incr", "check"]))
+    @example(op={"op": ["get"], "ns": "n", "key": "k"})
+    @example(op={"op": {"get": 1}, "ns": "n", "key": "k"})
+    def test_a_kv_batch_refuses_it_or_answers(self, q: qs.Queen, op: dict[str, Any]) -> None:
+        try:
+            q.kv.batch([op])
+        except (qs.RequestError, TypeError, ValueError) as exc:
+            assert "unhashable" not in str(exc) and str(exc), f"{op}: {exc!r}"
+
+    @settings(max_examples=300, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(op=_raw_ops(_LOCK_FIELDS, ["acquire", "renew", "release", "get"]))
+    @example(op={"op": ["acquire"], "name": "job", "ttlSeconds": 5})
+    def test_a_lock_batch_refuses_it_or_answers(self, q: qs.Queen, op: dict[str, Any]) -> None:
+        try:
+            q.locks.batch([op])
+        except (qs.RequestError, TypeError, ValueError) as exc:
+            assert "unhashable" not in str(exc) and str(exc), f"{op}: {exc!r}"
+
+
+class TestFlagsAreBools:
+    """A flag given a str or a number is refused, not read by its truth ("no" is true)."""
+
+    @pytest.mark.parametrize("flag", ["no", 1, 0, None, "false"])
+    @pytest.mark.parametrize("call", [
+        lambda q, flag: q.kv.put("n", "k", 1, forever=True, required=flag),
+        lambda q, flag: q.kv.put_if_absent("n", "k", 1, forever=True, required=flag),
+        lambda q, flag: q.kv.delete("n", "k", required=flag),
+        lambda q, flag: q.kv.incr("n", "k", forever=True, required=flag),
+        lambda q, flag: q.kv.check("n", "k", expect=0, required=flag),
+        lambda q, flag: q.kv.get_prefix("n", "k", keys_only=flag),
+        lambda q, flag: q.kv.list_all("n", "k", keys_only=flag),
+        lambda q, flag: q.transaction().kv.put("n", "k", 1, forever=True, required=flag),
+        lambda q, flag: q.kv.op.put("n", "k", 1, forever=True, required=flag),
+    ], ids=["put", "putIfAbsent", "delete", "incr", "check", "get_prefix", "list_all",
+            "transaction put", "op.put"])
+    def test_a_flag_that_is_not_a_bool_is_a_type_error_and_writes_nothing(
+            self, q: qs.Queen, call: Callable[[qs.Queen, Any], Any], flag: Any) -> None:
+        with pytest.raises(TypeError, match=r"(required|keys_only) must be True or False"):
+            call(q, flag)
+        assert not q.kv.get("n", "k"), "a refused call wrote"
