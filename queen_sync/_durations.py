@@ -43,20 +43,33 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
         TypeError: for a bool or a value of another type.
         ValueError: for a malformed string or a lifetime that is not positive.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not a bool")
-    if isinstance(value, (int, float)):
-        seconds = _as_float(value)
-    elif isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, str):
-        seconds = _parse_text(value, what)
-    else:
-        kind = type(value).__name__
-        raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not {kind}")
+    seconds = _seconds(value, what)
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a positive, finite duration, got {value!r}")
     return seconds
+
+
+def duration_or_zero(value: Duration, *, what: str = "duration") -> float:
+    """``parse_duration``, except that zero in any spelling it reads (``0m0s``) is ``0.0``.
+
+    For waits, where zero means "do not wait" rather than a lifetime that is over at once.
+    """
+    if _seconds(value, what) == 0:
+        return 0.0
+    return parse_duration(value, what=what)
+
+
+def _seconds(value: Duration, what: str) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not a bool")
+    if isinstance(value, (int, float)):
+        return _as_float(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, str):
+        return _parse_text(value, what)
+    kind = type(value).__name__
+    raise TypeError(f"{what} must be seconds, a timedelta or a string like '30s', not {kind}")
 
 
 def _as_float(value: float) -> float:

@@ -1223,6 +1223,12 @@ def path_from_url(url: str) -> tuple[str, dict[str, str]]:
     if not path:
         raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} has no path",
                            code="bad_url")
+    # ``sqlite:///`` or ``.../dir/`` names a folder: refused before anything is created
+    # there (``dir/`` would become a file named ``dir``).
+    if os.path.basename(path) in ("", os.curdir, os.pardir) or os.path.isdir(path):
+        raise RequestError(f"sqlite URL {redact_url_for_error(url)!r} names no database file "
+                           "(it names a folder); write sqlite:///path/to/queen.db",
+                           code="bad_url")
     return path, _url_options(url, parts.query)
 
 

@@ -21,7 +21,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
-from .._durations import MIN_TTL_SECONDS, lease_seconds, parse_duration, utc_text
+from .._durations import (
+    MIN_TTL_SECONDS,
+    duration_or_zero,
+    lease_seconds,
+    parse_duration,
+    utc_text,
+)
 from .._engines.base import redact_url_for_error
 from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
@@ -171,27 +177,67 @@ def option_first(message: str) -> str:
 
 def duration_arg(what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        try:
-            return parse_duration(text, what=what)
-        except (TypeError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
+        return _duration(parse_duration, text, what)
 
     return parse
 
 
 def ttl_arg(text: str) -> float:
     """A ``--ttl`` value: a lease's lifetime, refused below the minimum as every TTL is."""
-    try:
-        return lease_seconds(text, what="--ttl")
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return _duration(lease_seconds, text, "--ttl")
 
 
 def wait_arg(text: str) -> float:
-    """A ``--wait`` value: a duration, or zero in any spelling (``0``, ``0s``) for no wait."""
-    if re.fullmatch(r"\s*0+(\.0*)?(ms|s|m|h|d)?\s*", text):
-        return 0.0
-    return duration_arg("--wait")(text)
+    """A ``--wait`` value: a duration, or zero in any spelling the durations read for no wait."""
+    return _duration(duration_or_zero, text, "--wait")
+
+
+def _duration(read: Callable[..., float], text: str, what: str) -> float:
+    """``read(text)``: seconds, or the usage error saying why ``text`` is refused."""
+    try:
+        return read(text, what=what)
+    except (TypeError, ValueError) as exc:
+        if _is_negative_duration(text):  # the same refusal as the number ``-5`` gets
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a positive, finite duration, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _is_negative_duration(text: str) -> bool:
+    """Whether ``text`` is a minus before a duration, as ``-5s``: the durations have no sign."""
+    unsigned = text.strip()
+    if not unsigned.startswith("-"):
+        return False
+    try:
+        parse_duration(unsigned[1:])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# The options that take a value, and a value that starts like a negative number.
+_VALUE_OPTIONS = ("--ttl", "--wait", "--grace", "--limit", "--busy-exit-code", "--token",
+                  "--slot")
+_NEGATIVE_VALUE = re.compile(r"-\.?\d")
+
+
+def _joined_negative_values(words: list[str]) -> list[str]:
+    """``--ttl -5s`` as ``--ttl=-5s``, so that the value is refused for what it is.
+
+    argparse takes a word starting with ``-`` (other than a plain number) for an option, and
+    would say "expected one argument" instead.
+    """
+    joined: list[str] = []
+    pending: Optional[str] = None
+    for word in words:
+        if pending is not None and _NEGATIVE_VALUE.match(word):
+            joined[-1] = f"{pending}={word}"
+            pending = None
+            continue
+        joined.append(word)
+        takes = [name for name in _VALUE_OPTIONS if len(word) > 2 and name.startswith(word)]
+        pending = word if "=" not in word and len(takes) == 1 else None
+    return joined
 
 
 def _int(low: int, high: Optional[int] = None) -> Callable[[str], int]:
@@ -282,6 +328,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1:]
     parser = build_parser()
+    words = _joined_negative_values(words)
     args, extra = parser.parse_known_args(words)
     if extra:
         shown = [_masked_word(word, getattr(args, "url", None)) for word in words]

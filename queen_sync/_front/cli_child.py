@@ -242,6 +242,9 @@ def _not_run_after(signum: int) -> int:
 
 def _not_started(program: str, exc: BaseException) -> int:
     """Reports a command that could not be started: 127 not found, 126 not executable."""
+    if not program:  # exec's search says "permission denied" for it; a shell says 127
+        print("queen-sync: command not found: '' (an empty name)", file=sys.stderr)
+        return 127
     if isinstance(exc, FileNotFoundError) and not _exists(program):
         print(f"queen-sync: command not found: {program}", file=sys.stderr)
         return 127

@@ -6,6 +6,7 @@ import contextlib
 import json
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -171,6 +172,17 @@ class TestTheChild:
         assert done.stderr.splitlines() == [
             "queen-sync: command not found: no-such-command-queen-sync-test"
         ], f"one line, as env(1) prints it, no traceback: {done.stderr!r}"
+
+    def test_an_empty_command_name_exits_127_as_a_shell_does_and_releases(
+            self, cli: Cli) -> None:
+        shell = subprocess.run(["sh", "-c", '""'], capture_output=True, check=False)
+        done = cli.run("run", "job", "--", "", "--flag")
+        assert done.returncode == shell.returncode == 127, (
+            f"an empty name is a command not found, as sh -c '\"\"' says ({shell.returncode}), "
+            f"got {done.returncode}: {done.stderr!r}")
+        assert done.stderr.splitlines() == ["queen-sync: command not found: '' (an empty name)"], (
+            f"one line naming the empty program: {done.stderr!r}")
+        assert cli.holders("job") == [], "nothing stays held"
 
 
 class TestLosingTheLease:

@@ -12,7 +12,7 @@ from cli_helpers import (
 )
 
 from queen_sync import __version__
-from queen_sync._front.cli import main
+from queen_sync._front.cli import build_parser, main
 
 
 def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -93,3 +93,74 @@ class TestBadValues:
         assert "invalid" not in err and "Traceback" not in err, f"{argv}: unclear: {err!r}"
         assert err.startswith("queen-sync"), f"{argv}: the line names the program: {err!r}"
         assert not engine_file.exists(), "bad usage must not open the engine"
+
+
+class TestANegativeDuration:
+    @pytest.mark.parametrize("option", ["--ttl", "--wait", "--grace"])
+    @pytest.mark.parametrize(("spelling", "written"), [
+        ("-5s", "separate"), ("-5s", "joined"), ("-1m30s", "separate"), ("-5", "separate"),
+    ])
+    def test_is_refused_as_not_positive_however_it_is_written(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path, option: str,
+            spelling: str, written: str) -> None:
+        given = [option, spelling] if written == "separate" else [f"{option}={spelling}"]
+        code, err = _usage_error(["run", "job", *given, "--", "true"], capsys)
+        assert code == 2, f"{given}: bad usage exits 2, got {code}: {err!r}"
+        assert err == (f"queen-sync run: {option} must be a positive, finite duration, "
+                       f"got {spelling!r}\n"), f"{given}: it must say why, on one line: {err!r}"
+        assert not engine_file.exists(), "bad usage must not open the engine"
+
+    def test_a_word_that_is_not_a_duration_after_the_minus_is_still_not_a_duration(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path) -> None:
+        code, err = _usage_error(["run", "job", "--ttl=-soon", "--", "true"], capsys)
+        assert code == 2 and "'-soon' is not a duration" in err, f"exit {code}: {err!r}"
+
+
+class TestAZeroWait:
+    @pytest.mark.parametrize("spelling", [
+        "0", "0s", "0ms", "0.0", "00", "0m0s", "0h0m", "0d0h0m0s", "0.00m0s", "0 s", " 0m 0s ",
+        "0e0", "-0",
+    ])
+    def test_every_spelling_of_zero_the_durations_read_means_no_wait(self,
+                                                                     spelling: str) -> None:
+        args = build_parser().parse_args(["run", "job", "--wait", spelling])
+        assert args.wait == 0.0, f"--wait {spelling!r} must mean --wait 0, got {args.wait!r}"
+
+    @pytest.mark.parametrize("spelling", ["0x", "0m0", "0.s", "s"])
+    def test_a_zero_the_durations_do_not_read_is_refused(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path, spelling: str) -> None:
+        code, err = _usage_error(["run", "job", "--wait", spelling, "--", "true"], capsys)
+        assert code == 2 and f"--wait: {spelling!r} is not a duration" in err, (
+            f"{spelling!r}: exit {code}: {err!r}")
+
+    def test_a_positive_wait_is_the_duration_it_spells(self) -> None:
+        args = build_parser().parse_args(["run", "job", "--wait", "1m0.5s"])
+        assert args.wait == 60.5, f"--wait 1m0.5s is 60.5 seconds, got {args.wait!r}"
+
+
+class TestASqliteUrlThatNamesNoFile:
+    @pytest.mark.parametrize("where", ["nothing", "a folder", "a folder with a slash",
+                                       "a missing folder", "the current folder"])
+    def test_is_bad_usage_saying_so_on_one_line(
+            self, capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str) -> None:
+        url = {"nothing": "sqlite:///", "a folder": f"sqlite://{tmp_path}",
+               "a folder with a slash": f"sqlite://{tmp_path}/",
+               "a missing folder": f"sqlite://{tmp_path}/new/",
+               "the current folder": f"sqlite://{tmp_path}/."}[where]
+        code, err = _usage_error(["--url", url, "ping"], capsys)
+        assert code == 2, f"{url}: a URL that names no file is bad usage, got {code}: {err!r}"
+        assert err.startswith(f"queen-sync: sqlite URL '{url}' names no database file"), (
+            f"{url}: it must say the URL names no database file: {err!r}")
+        assert len(err.splitlines()) == 1, f"{url}: one line: {err!r}"
+        assert sorted(tmp_path.iterdir()) == [], f"{url}: nothing may be created"
+
+    def test_from_queen_url_is_refused_the_same_way(
+            self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("QUEEN_URL", "sqlite:///")
+        code, err = _usage_error(["holders", "job"], capsys)
+        assert code == 2 and "names no database file" in err, f"exit {code}: {err!r}"
+
+    def test_shows_no_secret_of_the_url(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, err = _usage_error(["--url", "sqlite:///?busy_timeout=5#s3cr3t", "ping"], capsys)
+        assert code == 2 and "names no database file" in err, f"exit {code}: {err!r}"
+        assert "s3cr3t" not in err, f"the URL's secrets must be masked: {err!r}"

@@ -79,6 +79,17 @@ class TestUrlOptions:
         assert caught.value.code == "bad_url", caught.value
         assert not path.exists(), "a refused URL must not create the file"
 
+    @pytest.mark.parametrize("where", ["/", "{tmp}", "{tmp}/", "{tmp}/new/", "{tmp}/.",
+                                       "{tmp}/.."])
+    def test_a_url_that_names_a_folder_is_refused_as_bad_url_and_creates_nothing(
+        self, tmp_path: Path, where: str
+    ) -> None:
+        before = sorted(tmp_path.iterdir())
+        with pytest.raises(qs.RequestError, match="names no database file") as caught:
+            qs.Queen("sqlite://" + where.format(tmp=tmp_path))
+        assert caught.value.code == "bad_url", caught.value
+        assert sorted(tmp_path.iterdir()) == before, "a refused URL created something"
+
     def test_an_unknown_option_is_named_only_when_it_is_a_near_miss_of_an_option(
         self, tmp_path: Path
     ) -> None:
