@@ -61,3 +61,40 @@ class TestAGuardFromAnotherStore:
             assert lock.acquire()
             assert q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock).commit()
             assert q.kv.get("ns", "k")["value"] == 1
+
+
+def _spellings(url: str) -> list[str]:
+    """Other URLs of the same PostgreSQL schema: another host name, another option order."""
+    base, _, query = url.partition("?")
+    return [base.replace("127.0.0.1", "localhost", 1) + "?" + query,
+            base + "?" + "&".join([*reversed(query.split("&")), "application_name=other"])]
+
+
+class TestAGuardOfTheSameStoreSpelledAnotherWay:
+    @pytest.mark.parametrize("spelling", [0, 1], ids=["host name", "options"])
+    def test_guards_the_commit_on_postgresql(self, pg_schema_url: str, spelling: int) -> None:
+        other_url = _spellings(pg_schema_url)[spelling]
+        assert other_url != pg_schema_url
+        with qs.Queen(pg_schema_url, pool_min_size=0) as q, \
+                qs.Queen(other_url, pool_min_size=0) as second:
+            lock = second.lock("job", ttl=30)
+            assert lock.acquire()
+            assert q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock).commit()
+            assert q.kv.get("ns", "k")["value"] == 1
+
+    def test_another_schema_of_the_same_database_is_still_another_store(
+            self, pg_schema_url: str) -> None:
+        other_url = pg_schema_url.replace("schema=", "schema=o", 1)
+        with qs.Queen(pg_schema_url, pool_min_size=0) as q, \
+                qs.Queen(other_url, pool_min_size=0) as other:
+            lock = other.lock("job", ttl=30)
+            assert lock.acquire()
+            with pytest.raises(qs.RequestError) as caught:
+                q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock)
+            assert caught.value.code == "guard_other_store"
+
+
+@pytest.fixture
+def pg_schema_url(request: pytest.FixtureRequest) -> str:
+    """The shared server's URL with a schema of this test's own."""
+    return str(request.getfixturevalue("pg_url")) + "?schema=g_" + secrets.token_hex(6)

@@ -125,6 +125,7 @@ class PostgresEngine(Engine):
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ValueError("need 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1")
         connect_timeout, call_timeout = parse_timeout(chosen.get("timeout"), DEFAULT_TIMEOUT)
+        self._connect_timeout = connect_timeout
         self._url = engine_url(libpq_url, schema)
         self._secrets = secrets_of(url)
         conninfo = build_conninfo(libpq_url, connect_timeout, call_timeout, self._url,
@@ -147,6 +148,18 @@ class PostgresEngine(Engine):
     @property
     def url(self) -> str:
         return self._url
+
+    @property
+    def store(self) -> str:
+        # The schema's own number, read when the engine first connects: one store under any
+        # spelling of its URL (host name, option order), another for every other schema.
+        sessions = self.storage.sessions
+        if sessions.store_id is None:
+            try:
+                sessions.ensure_open(time.monotonic() + self._connect_timeout)
+            except psycopg.Error as exc:
+                raise translate(exc, self._url, self._secrets) from exc
+        return f"postgresql-store:{sessions.store_id}"
 
     def call(self, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         ops = body.get("operations") if route == "locks" and isinstance(body, Mapping) else None

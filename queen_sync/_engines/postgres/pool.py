@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import weakref
+from secrets import randbits
 from typing import Any, ContextManager, Optional, Protocol, Sequence
 
 import psycopg
@@ -97,6 +98,7 @@ class Sessions:
         self._sizes = sizes
         self._pool: Optional[PgPool] = None
         self._hot: Optional[psycopg.Connection[Any]] = None
+        self.store_id: Optional[int] = None  # read by the first migration check
         self._checkins = 0
         self._mutex = threading.Lock()
         self._closed = False
@@ -158,18 +160,36 @@ class Sessions:
                     num_workers=1, open=True)
             return self._pool
 
+    def ensure_open(self, deadline: float) -> None:
+        """The schema made or upgraded and the pool opened, as a first call does."""
+        self._open_pool(deadline)
+
     def _migrate(self, deadline: float) -> None:
         """Create or upgrade the schema; several processes may race here, so it is serialised."""
         with self.connect(deadline) as conn, self.watchdog.watching(conn, deadline):
             conn.execute(SESSION_ISOLATION)  # the DDL's upsert must see a racing migration's row
+            current = False
             with contextlib.suppress(psycopg.errors.UndefinedTable), conn.transaction():
                 record = conn.execute(self.sql.schema_version).fetchone()
-                if record is not None and record[0] >= SCHEMA_VERSION:
-                    return
-            with conn.transaction():
-                conn.execute(self.sql.migration_lock, (self.sql.lock_class,))
-                conn.execute(self.sql.ddl)
-        log.info("queen_sync schema %r ready in PostgreSQL at %s", self.sql.schema, self.where)
+                current = record is not None and record[0] >= SCHEMA_VERSION
+            if not current:
+                with conn.transaction():
+                    conn.execute(self.sql.migration_lock, (self.sql.lock_class,))
+                    conn.execute(self.sql.ddl)
+                log.info("queen_sync schema %r ready in PostgreSQL at %s", self.sql.schema,
+                         self.where)
+            self.store_id = self._identify(conn)
+
+    def _identify(self, conn: psycopg.Connection[Any]) -> int:
+        """The schema's store number, drawn by the first client that finds none."""
+        record = conn.execute(self.sql.store_id).fetchone()
+        if record is None:
+            # A racing client may draw another: the row that lands first is everyone's.
+            conn.execute(self.sql.new_store_id, (randbits(62) + 1,))
+            record = conn.execute(self.sql.store_id).fetchone()
+        if record is None:  # only a concurrent DELETE of the row could do this
+            raise EngineError(f"the queen_sync schema at {self.where} has no store number")
+        return int(record[0])
 
     def checkout(self, budget: Budget) -> tuple[psycopg.Connection[Any], Optional[PgPool]]:
         """A connection, and the pool it came from (None: opened for this call alone)."""

@@ -121,6 +121,11 @@ class Statements:
             " ON CONFLICT (name) DO UPDATE SET value = GREATEST(meta.value, EXCLUDED.value)"
         )
         self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
+        # A random number drawn once per schema: what tells this store from another,
+        # under any spelling of its URL.
+        self.store_id = f"SELECT value FROM {s}.meta WHERE name = 'store'"
+        self.new_store_id = (f"INSERT INTO {s}.meta (name, value) VALUES ('store', %s)"
+                             " ON CONFLICT (name) DO NOTHING")
         self.migration_lock = "SELECT pg_advisory_xact_lock(%s, 0)"
         # The array comes sorted and a function scan yields it in order, so the locks are
         # taken in the one fixed order; were they not, a deadlock costs a retry, not safety.
