@@ -371,7 +371,7 @@ _LOCK_OPS: dict[str, Callable[[_Step, Mapping[str, Any]], dict[str, Any]]] = {
 def _row_view(row: Row, *, with_value: bool = True) -> dict[str, Any]:
     view: dict[str, Any] = {"key": row.key}
     if with_value:
-        view["value"] = row.value
+        view["value"] = _own_copy(row.value)
     view.update(version=row.version, expiresAt=row.expires_at, updatedAt=row.updated_at)
     return view
 
@@ -409,7 +409,17 @@ def _kv_get_prefix(step: _Step, op: Mapping[str, Any]) -> dict[str, Any]:
 
 def _lost(reason: str, row: Optional[Row]) -> dict[str, Any]:
     return {"applied": False, "reason": reason, "version": row.version if row else 0,
-            "value": row.value if row else None}
+            "value": _own_copy(row.value) if row else None}
+
+
+def _own_copy(value: Any) -> Any:
+    """A stored JSON value for one answer: a row kept in memory (a bundle's earlier read)
+    may answer several ops, and a caller changing one answer must change no other."""
+    if isinstance(value, dict):
+        return {key: _own_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_own_copy(item) for item in value]
+    return value
 
 
 def _expect_fails(op: Mapping[str, Any], row: Optional[Row]) -> Optional[dict[str, Any]]:
@@ -532,7 +542,7 @@ def _as_committed(step: _KvStep, op: Mapping[str, Any], lost: dict[str, Any]) ->
     """
     row = step.committed[(op["ns"], op["key"])]
     return {**lost, "version": row.version if row is not None else 0,
-            "value": row.value if row is not None else None}
+            "value": _own_copy(row.value) if row is not None else None}
 
 
 def _kv_results(step: _KvStep, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -507,3 +507,27 @@ class TestAnswersCarryTheStoredJson:
             if isinstance(value, (dict, list)):
                 assert seen is not value, f"answer {at} is the caller's own object"
         assert q.kv.get(ns, "k")["value"] == stored
+
+    @pytest.mark.parametrize("how", ["bundle", "batch"])
+    @pytest.mark.parametrize("first", ["get", "put", "lost put"])
+    def test_two_answers_in_one_call_are_objects_of_their_own(
+            self, q: qs.Queen, how: str, first: str) -> None:
+        ns = f"json-{next(_NAMESPACES)}"
+        q.kv.put(ns, "k", {"a": [1]}, forever=True)
+        # Each op written once, for q.kv.op (a batch's op) and a bundle's kv alike.
+        ops: dict[str, Callable[[Any], Any]] = {
+            "get": lambda kv: kv.get(ns, "k"),
+            "put": lambda kv: kv.put(ns, "k", {"a": [1]}, forever=True),
+            "lost put": lambda kv: kv.put(ns, "k", {"b": 0}, forever=True, expect=10**9)}
+        sent = [ops[first], ops["get"], ops["get"]]
+        if how == "bundle":
+            txn = q.transaction()
+            for add in sent:
+                txn = add(txn.kv)
+            answers = list(txn.commit()["kv"])
+        else:
+            answers = list(q.kv.batch([build(q.kv.op) for build in sent]))
+        answers[0]["value"]["a"].append(2)
+        assert [a["value"] for a in answers[1:]] == [{"a": [1]}] * 2, (
+            f"changing one answer changed another: {answers}")
+        assert q.kv.get(ns, "k")["value"] == {"a": [1]}, "changing an answer changed the store"
