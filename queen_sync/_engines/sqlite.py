@@ -1087,6 +1087,10 @@ def _translate(path: str, exc: sqlite3.DatabaseError) -> Exception:
                            "call was written (free disk space, or raise max_page_count)")
     if "locked" in text or "busy" in text:
         return EngineUnavailableError(f"SQLite database {path} stayed locked: {text}")
+    if _is_read_only(exc):  # no outage: waiting never makes the file writable
+        return EngineError(f"SQLite database {path} is read-only to this process: {text}; "
+                           "nothing of this call was written (this user needs write access "
+                           "to the file and its folder)")
     return EngineUnavailableError(f"SQLite database {path} is unusable: {text}")
 
 
@@ -1094,6 +1098,16 @@ _SQLITE_FULL = 13  # SQLite's primary result code; ``sqlite3`` names it from Pyt
 # SQLITE_IOERR_SHMSIZE: the -shm could not be extended, which on a full disk is how SQLite
 # tells it (as "disk I/O error") when that file, not the log or the database, needs room.
 _SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)
+
+
+_SQLITE_READONLY = 8
+
+
+def _is_read_only(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # set from Python 3.11
+    if isinstance(code, int):
+        return code & 0xFF == _SQLITE_READONLY
+    return "readonly database" in str(exc)
 
 
 def _is_full(exc: sqlite3.OperationalError) -> bool:
