@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import math
 import os
@@ -220,6 +221,11 @@ def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
     if not callable(fn):
         raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
     check_body(fn, "singleton_job")
+    if spec.bind and _is_method_body(fn):
+        raise TypeError(
+            f"singleton_job(bind=True) passes the lock as the first argument, where the method "
+            f"{fn.__qualname__} takes its {_first_parameter(fn)!r}: leave bind out and read "
+            "queen_sync.current_lock() in the body")
     name = spec.name or _name_of(fn)
     check_name(name)
     if spec.client is not None:
@@ -235,6 +241,26 @@ def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
         return _call(spec, name, fn, supervisor, args, kwargs)
 
     return job
+
+
+def _first_parameter(fn: Callable[..., Any]) -> Optional[str]:
+    try:
+        parameters = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    return parameters[0] if parameters else None
+
+
+def _is_method_body(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is defined in a class body and takes ``self`` or ``cls`` first.
+
+    A static method or a nested function has no such first parameter; its qualified name
+    tells a class body (``Job.run``) from a function's (``outer.<locals>.run``).
+    """
+    qualname = getattr(fn, "__qualname__", "")
+    in_class = isinstance(qualname, str) and "." in qualname and \
+        qualname.rsplit(".", 2)[-2] != "<locals>"
+    return in_class and _first_parameter(fn) in ("self", "cls")
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

@@ -371,3 +371,48 @@ class TestDefaultClient:
         monkeypatch.setenv("QUEEN_URL", "sqlite://" + str(tmp_path / "b.db"))
         moved = qs.default_client()
         assert moved.url.endswith("b.db") and reopened._closed, "an idle old default is closed"
+
+
+class TestBindOnAMethod:
+    """``bind=True`` passes the lock first: on a method it would arrive as ``self``."""
+
+    def test_a_method_is_refused_at_decoration_pointing_at_current_lock(
+            self, client: qs.Queen) -> None:
+        with pytest.raises(TypeError, match=r"current_lock\(\)"):
+            class Job:
+                # The type checker refuses it too; the test is what happens at run time.
+                @qs.singleton_job("m", bind=True, client=client)  # type: ignore[arg-type]
+                def run(self, lock: qs.Lock) -> None:  # type: ignore[misc]
+                    pass
+
+    def test_a_classmethod_body_is_refused_too(self, client: qs.Queen) -> None:
+        with pytest.raises(TypeError, match=r"current_lock\(\)"):
+            class Job:
+                @classmethod
+                @qs.singleton_job("m", bind=True, client=client)  # type: ignore[arg-type]
+                def run(cls, lock: qs.Lock) -> None:  # type: ignore[misc]
+                    pass
+
+    def test_a_static_method_and_a_nested_function_take_the_lock(
+            self, client: qs.Queen) -> None:
+        class Job:
+            @staticmethod
+            @qs.singleton_job("s", bind=True, client=client)
+            def run(lock: qs.Lock) -> Optional[str]:
+                return lock.name
+
+        def outer() -> Any:
+            @qs.singleton_job("n", bind=True, client=client)
+            def run(lock: qs.Lock) -> Optional[str]:
+                return lock.name
+            return run
+
+        assert Job.run() == "s" and outer()() == "n"
+
+    def test_a_method_without_bind_reads_the_lock_it_runs_under(self, client: qs.Queen) -> None:
+        class Job:
+            @qs.singleton_job("m", client=client)
+            def run(self) -> Optional[str]:
+                return _held_name()
+
+        assert Job().run() == "m"
