@@ -23,6 +23,7 @@ from queen_sync import Duration
 from ._callables import check_function
 from ._client_arg import check_client
 from ._engine_time import utc
+from ._live_state import NotCopied
 
 log = logging.getLogger("queen_sync.recipes")
 
@@ -88,7 +89,7 @@ def _same_term(a: Optional[Leader], b: Optional[Leader]) -> bool:
     return a is not None and b is not None and (a.identity, a.since) == (b.identity, b.since)
 
 
-class LeaderObserver:
+class LeaderObserver(NotCopied):
     """Follow the leadership of ``name`` without campaigning.
 
     Args:
@@ -102,6 +103,8 @@ class LeaderObserver:
     Raises:
         TypeError, ValueError: for a bad client, ``name``, ``every`` or ``on_new_leader``.
     """
+
+    _remake = "make another with observe(client, name, ...)"
 
     def __init__(self, client: qs.Queen, name: str, *,
                  on_new_leader: Optional[Callable[[Leader], Any]] = None,

@@ -8,17 +8,20 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import queen_sync as qs
 
+from ._live_state import NotCopied
 from ._run_records import RUNS_NS
 
 if TYPE_CHECKING:
     from .run_queue import RunQueue
 
 
-class Claim:
+class Claim(NotCopied):
     """This worker's claim on one run. Its writes are fenced; read ``fence`` at use time.
 
     ``attempt`` is this claim's place among the run's claims (1 for the first).
     """
+
+    _remake = "hand over its run_id and let the other side claim it"
 
     def __init__(self, queue: RunQueue, run_id: str, payload: Any, state: Any,
                  holder: str, lock: qs.Lock, attempt: int = 1) -> None:

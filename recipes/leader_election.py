@@ -82,6 +82,7 @@ from ._leader_watch import (
     check_identity,
     read_leader,
 )
+from ._live_state import NotCopied
 
 __all__ = ["Leader", "LeaderElection", "LeaderHealth", "LeaderObserver", "observe"]
 
@@ -125,7 +126,7 @@ class LeaderHealth:
             self.renewed_ago <= 2 * self.renew_every)
 
 
-class LeaderElection:
+class LeaderElection(NotCopied):
     """Campaign for leadership of ``name`` among every candidate using that name.
 
     Args:
@@ -148,6 +149,9 @@ class LeaderElection:
         UnsupportedOperationError: the client's engine lacks ``fencing`` or
             ``engine_clock_expiry`` (``capability`` names which).
     """
+
+    _remake = ("make another LeaderElection(client, name, ...); in another process, with a "
+               "client of its own")
 
     @overload
     def __init__(self, client: qs.Queen, name: str, *, ttl: Duration,

@@ -91,3 +91,34 @@ class TestAFencedExportWithABadSinkOrProduce:
         assert export.finished() == [], f"a refused run checkpointed {export.finished()}"
         assert not client.locks.get("export").get("holders"), "a refused run kept the lock"
         assert not client.kv.get("out", "2024-01-01"), "a refused run wrote the partition"
+
+
+class TestARecipeObjectWithLiveState:
+    """A leader's campaign, an observer and a claim hold a live lease or thread: a copy
+    would share them, so each refuses to be copied or pickled."""
+
+    @staticmethod
+    def _made(client: qs.Queen, which: str) -> Any:
+        if which == "LeaderElection":
+            return LeaderElection(client, "leader", ttl=30)
+        if which == "LeaderObserver":
+            return LeaderObserver(client, "leader")
+        queue = RunQueue(client, "jobs")
+        queue.submit("run-1")
+        claim = queue.claim(ttl=30)
+        assert claim is not None
+        return claim
+
+    @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+    @pytest.mark.parametrize("which", ["LeaderElection", "LeaderObserver", "Claim"])
+    def test_refuses_to_be_copied_naming_itself(self, client: qs.Queen, which: str,
+                                                 how: str) -> None:
+        import copy
+        import pickle
+
+        thing = self._made(client, which)
+        duplicate: dict[str, Callable[[Any], Any]] = {
+            "copy": copy.copy, "deepcopy": copy.deepcopy,
+            "pickle": lambda x: pickle.loads(pickle.dumps(x))}
+        with pytest.raises(TypeError, match=f"a {which} cannot be copied"):
+            duplicate[how](thing)
