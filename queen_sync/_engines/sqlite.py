@@ -1160,12 +1160,32 @@ def _prepare_file(path: str) -> None:
         with _OPENING, contextlib.suppress(FileExistsError):
             _Holders.opening = _get_ident()
             try:
+                if not os.path.lexists(real):
+                    _refuse_leftover_log(path, real)
                 if not _link_new_store(real):
                     os.close(os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
             finally:
                 _Holders.opening = None
     except OSError as exc:
         raise EngineUnavailableError(f"cannot open SQLite database {path}: {exc}") from exc
+
+
+def _refuse_leftover_log(path: str, real: str) -> None:
+    """Refuse to make a store where a deleted one left its log (a ``-wal`` or ``-journal``
+    with content): SQLite would replay it into the new file, which would start from part
+    of the old store (old holders, a version counter behind tokens already handed out).
+
+    A live store's log never outlives its database file: the file is made first.
+    """
+    for suffix in ("-wal", "-journal"):
+        log_path = real + suffix
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(log_path).st_size > 0:
+                raise EngineError(
+                    f"SQLite database {path} does not exist, but its {suffix} log "
+                    f"{log_path} does: it is left from a database that was deleted, and "
+                    "SQLite would replay it into a new one. Restore the database file, or "
+                    f"remove {real}-wal, {real}-shm and {real}-journal (with no client open)")
 
 
 def _link_new_store(path: str) -> bool:
