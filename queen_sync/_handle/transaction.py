@@ -10,16 +10,17 @@ their shapes are in ``queue_ops``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration
-from .._errors import EngineError, LockNotHeldError, RequestError, UnsupportedOperationError
-from .._process import ProcessBound
+from .._errors import LockNotHeldError, RequestError, UnsupportedOperationError
+from .._process import ProcessBound, forks
 from .._results import Result
 from . import queue_ops
 from .kv import KvOpBuilders
@@ -173,9 +174,11 @@ class Transaction(ProcessBound):
     embedded engines they raise ``UnsupportedOperationError`` when added.
 
     A bundle commits at most once: after a commit that applied it, or whose answer never
-    came (it may have applied), committing it again or adding to it raises
-    ``RequestError`` (``code == "transaction_spent"``). A bundle that lost a precondition,
-    or that the engine refused, applied nothing and may be committed again.
+    came (a lost connection or an interrupt while it waited: it may have applied),
+    committing it again or adding to it raises ``RequestError`` (``code ==
+    "transaction_spent"``). A bundle that lost a precondition, or that the engine refused,
+    applied nothing and may be committed again. A bundle belongs to the process that
+    built it (``transaction_forked`` in a child).
     """
 
     _remake = "build another with q.transaction()"
@@ -190,31 +193,45 @@ class Transaction(ProcessBound):
         # Held by a commit from its checks to its answer: a second thread's commit or add
         # waits, then finds the bundle spent rather than sending it again.
         self._committing = threading.Lock()
+        self._committer: Optional[int] = None  # the thread inside commit(), if one is
+        self._generation = forks.generation
         self._spent: Optional[str] = None  # why it may not be sent again, once it is spent
         self.kv = _BundleKv(self)
 
-    def _check_unspent(self) -> None:
-        if self._spent is not None:
-            raise RequestError(f"this transaction {self._spent}: a bundle commits at most "
-                               "once; build another with q.transaction()",
-                               code="transaction_spent")
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        """This bundle to this call alone, refusing calls that waiting would never serve."""
+        if self._generation != forks.generation:
+            # Its parent may send it too (or was sending it at the fork, holding the lock).
+            raise RequestError("this transaction was built in the parent process before "
+                               "fork(): the parent may commit it too; build another with "
+                               "q.transaction() in this process", code="transaction_forked")
+        if self._committer == threading.get_ident():
+            # A signal handler on the committing thread: the commit it interrupted holds
+            # the lock and cannot go on until the handler returns.
+            raise RequestError("this transaction is being committed by this thread (called "
+                               "from a signal handler?): its outcome is not known yet",
+                               code="transaction_in_progress")
+        with self._committing:
+            if self._spent is not None:
+                raise RequestError(f"this transaction {self._spent}: a bundle commits at "
+                                   "most once; build another with q.transaction()",
+                                   code="transaction_spent")
+            yield
 
     def _add(self, op: dict[str, Any], rebuild: _Rebuild = None) -> Transaction:
-        with self._committing:
-            self._check_unspent()
+        with self._alone():
             self._kv.append((op, rebuild))
         return self
 
     def _add_operations(self, ops: list[dict[str, Any]]) -> Transaction:
-        with self._committing:
-            self._check_unspent()
+        with self._alone():
             self._operations.extend(ops)
             self._leases.extend(op["leaseId"] for op in ops if "leaseId" in op)
         return self
 
     def _add_timer(self, op: dict[str, Any]) -> Transaction:
-        with self._committing:
-            self._check_unspent()
+        with self._alone():
             self._timers.append(op)
         return self
 
@@ -275,8 +292,7 @@ class Transaction(ProcessBound):
                 f"cannot guard with lock {lock.name!r}: it is a lease of another store "
                 f"({lock.engine_url}) than this transaction's ({self._client.url})",
                 code="guard_other_store")
-        with self._committing:
-            self._check_unspent()
+        with self._alone():
             self._guards.append(lock)
         return self
 
@@ -302,9 +318,12 @@ class Transaction(ProcessBound):
             RequestError: the bundle is spent (``code == "transaction_spent"``): it was
                 committed, or its commit ended without an answer and may have applied.
         """
-        with self._committing:
-            self._check_unspent()
-            return self._commit_once()
+        with self._alone():
+            self._committer = threading.get_ident()
+            try:
+                return self._commit_once()
+            finally:
+                self._committer = None
 
     def _commit_once(self) -> Result:
         if not (self._operations or self._kv or self._timers or self._guards):
@@ -314,14 +333,8 @@ class Transaction(ProcessBound):
             if not lock.held:
                 raise LockNotHeldError(f"cannot guard with lock {lock.name!r}: not held",
                                        name=lock.name)
-        try:
-            answer = self._send()
-        except EngineError:
-            # No answer: the bundle may have landed, and sent again it could apply twice.
-            self._spent = "was sent and its answer never came, so it may have applied"
-            raise
+        answer = self._send()
         if answer.get("success"):
-            self._spent = "is already committed"
             return answer
         if answer.get("reason") == "kv_precondition":  # a lost precondition applied nothing
             return answer
@@ -342,7 +355,7 @@ class Transaction(ProcessBound):
         answer = Result()
         for _ in range(_GUARD_ATTEMPTS):
             guards = [lock.guard() for lock in self._guards]
-            answer = self._client.call_transaction(self._body(guards))
+            answer = self._sent_once(self._body(guards))
             if answer.get("success") or answer.get("reason") != "kv_precondition":
                 return answer
             at = self._failed_guard(answer)
@@ -352,6 +365,21 @@ class Transaction(ProcessBound):
             if not self._renewed_underneath(lock, answer, guards[at]["expect"]):
                 lock.mark_lost("guard")
                 return answer
+        return answer
+
+    def _sent_once(self, body: dict[str, Any]) -> Result:
+        """The engine's answer to ``body``; the bundle is spent unless it says nothing applied.
+
+        Without an answer (a lost connection, Ctrl-C, a signal's exception while waiting)
+        it may have landed, and sent again it could apply twice. A refusal applied nothing.
+        """
+        self._spent = "was sent and its answer never came, so it may have applied"
+        try:
+            answer = self._client.call_transaction(body)
+        except RequestError:  # refused as malformed (a broker's 400 too): nothing applied
+            self._spent = None
+            raise
+        self._spent = "is already committed" if answer.get("success") else None
         return answer
 
     def _failed_guard(self, answer: Result) -> Optional[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any, Callable, Mapping
 
@@ -406,3 +407,77 @@ class TestABundleCommitsAtMostOnce:
             thread.join(30)
         assert sorted(outcomes) == ["committed"] + ["transaction_spent"] * 3, outcomes
         assert q.kv.get("spent", "n")["value"] == 1, "the bundle applied more than once"
+
+    @pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, TimeoutError])
+    def test_a_bundle_interrupted_after_it_applied_is_spent(
+            self, faults: FaultyEngine, faulty_q: qs.Queen, error: type[BaseException]) -> None:
+        txn = faulty_q.transaction().kv.incr("spent", "n", forever=True)
+        faults.fail_next(route="transaction", applied=True, error=error)  # Ctrl-C, a signal
+        with pytest.raises(error):
+            txn.commit()
+        with pytest.raises(qs.RequestError) as refused:
+            txn.commit()
+        assert refused.value.code == "transaction_spent", refused.value
+        assert faulty_q.kv.get("spent", "n")["value"] == 1, "the bundle applied twice"
+
+    def test_a_commit_from_inside_its_own_commit_is_refused_not_deadlocked(
+            self, faults: FaultyEngine, faulty_q: qs.Queen) -> None:
+        # As a signal handler on the committing thread would: the same thread, mid-commit.
+        txn = faulty_q.transaction().kv.incr("spent", "n", forever=True)
+        inner: list[str] = []
+
+        def commit_again(route: str, body: Mapping[str, Any]) -> None:
+            for again in (txn.commit, lambda: txn.kv.put("spent", "late", 1, forever=True)):
+                try:
+                    again()
+                    inner.append("went through")
+                except qs.RequestError as exc:
+                    inner.append(str(exc.code))
+
+        faults.hook_next(hook=commit_again, route="transaction")
+        outcome: list[Any] = []
+        worker = threading.Thread(target=lambda: outcome.append(txn.commit()), daemon=True)
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "a commit from inside the commit deadlocked"
+        assert inner == ["transaction_in_progress"] * 2, inner
+        assert outcome and outcome[0], outcome
+        assert faulty_q.kv.get("spent", "n")["value"] == 1
+        assert not faulty_q.kv.get("spent", "late")
+
+
+class TestABundleRefusedByTheBroker:
+    def test_may_be_committed_again_as_it_applied_nothing(self) -> None:
+        from queen_sync.testing import FakeBroker
+
+        with FakeBroker() as broker:
+            q = broker.client()
+            txn = q.transaction().kv.incr("ns", "n", forever=True)
+            broker.faults.fail_next(status=400, route="transaction")
+            with pytest.raises(qs.RequestError) as refused:
+                txn.commit()
+            assert refused.value.code != "transaction_spent", refused.value
+            assert txn.commit(), "a refused bundle could not be sent again"
+            assert q.kv.get("ns", "n")["value"] == 1
+            q.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+class TestABundleAfterAFork:
+    def test_the_child_may_not_commit_the_parents_bundle(self, sqlite_url: str) -> None:
+        with qs.Queen(sqlite_url) as q:
+            txn = q.transaction().kv.incr("spent", "n", forever=True)
+            pid = os.fork()
+            if pid == 0:  # the child: report by exit code only
+                code = 3
+                try:
+                    txn.commit()
+                    code = 1
+                except qs.RequestError as exc:
+                    code = 0 if exc.code == "transaction_forked" else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, "the child committed or erred"
+            assert txn.commit(), "the parent's own commit"
+            assert q.kv.get("spent", "n")["value"] == 1, "parent and child both applied it"
