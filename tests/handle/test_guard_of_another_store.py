@@ -98,3 +98,30 @@ class TestAGuardOfTheSameStoreSpelledAnotherWay:
 def pg_schema_url(request: pytest.FixtureRequest) -> str:
     """The shared server's URL with a schema of this test's own."""
     return str(request.getfixturevalue("pg_url")) + "?schema=g_" + secrets.token_hex(6)
+
+
+class TestAGuardOfACopiedDatabase:
+    def test_a_database_made_from_another_as_its_template_is_another_store(
+            self, pg_url: str) -> None:
+        import psycopg
+
+        base = pg_url.rsplit("/", 1)[0]
+        original, copy = "ga_" + secrets.token_hex(4), "gb_" + secrets.token_hex(4)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {original}")
+            try:
+                with qs.Queen(f"{base}/{original}", pool_min_size=0) as first:
+                    first.kv.put("ns", "x", 0, forever=True)  # its schema and store number
+                # A staging copy of production: the schema, its rows and store number too.
+                admin.execute(f"CREATE DATABASE {copy} TEMPLATE {original}")
+                with qs.Queen(f"{base}/{original}", pool_min_size=0) as q, \
+                        qs.Queen(f"{base}/{copy}", pool_min_size=0) as staging:
+                    lock = q.lock("job", ttl=30)
+                    assert lock.acquire()
+                    with pytest.raises(qs.RequestError) as caught:
+                        staging.transaction().kv.put("ns", "x", 1, forever=True).guard(lock)
+                    assert caught.value.code == "guard_other_store"
+                    assert lock.held, "the original's lock was disturbed"
+            finally:
+                for name in (copy, original):
+                    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -98,7 +98,7 @@ class Sessions:
         self._sizes = sizes
         self._pool: Optional[PgPool] = None
         self._hot: Optional[psycopg.Connection[Any]] = None
-        self.store_id: Optional[int] = None  # read by the first migration check
+        self.store_id: Optional[str] = None  # read by the first migration check
         self._checkins = 0
         self._mutex = threading.Lock()
         self._closed = False
@@ -180,8 +180,9 @@ class Sessions:
                          self.where)
             self.store_id = self._identify(conn)
 
-    def _identify(self, conn: psycopg.Connection[Any]) -> int:
-        """The schema's store number, drawn by the first client that finds none."""
+    def _identify(self, conn: psycopg.Connection[Any]) -> str:
+        """The store's identity: the server's, the database's and the schema's numbers (the
+        last drawn by the first client that finds none)."""
         record = conn.execute(self.sql.store_id).fetchone()
         if record is None:
             # A racing client may draw another: the row that lands first is everyone's.
@@ -189,7 +190,11 @@ class Sessions:
             record = conn.execute(self.sql.store_id).fetchone()
         if record is None:  # only a concurrent DELETE of the row could do this
             raise EngineError(f"the queen_sync schema at {self.where} has no store number")
-        return int(record[0])
+        try:
+            server = conn.execute(self.sql.server_id).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            server = None
+        return f"{server[0] if server else '-'}:{record[1]}:{record[0]}"
 
     def checkout(self, budget: Budget) -> tuple[psycopg.Connection[Any], Optional[PgPool]]:
         """A connection, and the pool it came from (None: opened for this call alone)."""

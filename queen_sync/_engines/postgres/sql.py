@@ -121,9 +121,15 @@ class Statements:
             " ON CONFLICT (name) DO UPDATE SET value = GREATEST(meta.value, EXCLUDED.value)"
         )
         self.schema_version = f"SELECT value FROM {s}.meta WHERE name = 'schema'"
-        # A random number drawn once per schema: what tells this store from another,
-        # under any spelling of its URL.
-        self.store_id = f"SELECT value FROM {s}.meta WHERE name = 'store'"
+        # A random number drawn once per schema, with the database's own number: what
+        # tells this store from another under any spelling of its URL. A copy of the
+        # database (a template, a restore) keeps the first but never the second.
+        self.store_id = (f"SELECT value, (SELECT oid FROM pg_database"
+                         f" WHERE datname = current_database()) FROM {s}.meta"
+                         " WHERE name = 'store'")
+        # Tells servers apart (a restore elsewhere may reuse a database number); it needs
+        # a privilege some roles lack, and is then left out.
+        self.server_id = "SELECT system_identifier FROM pg_control_system()"
         self.new_store_id = (f"INSERT INTO {s}.meta (name, value) VALUES ('store', %s)"
                              " ON CONFLICT (name) DO NOTHING")
         self.migration_lock = "SELECT pg_advisory_xact_lock(%s, 0)"
