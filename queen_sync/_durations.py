@@ -27,7 +27,7 @@ MIN_RENEW_EVERY_SECONDS = MIN_TTL_SECONDS / 3
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNIT_RANK = {"d": 0, "h": 1, "m": 2, "s": 3, "ms": 4}  # the order a duration is written in
 # ASCII digits only: ``\d`` would take any script's digits, which no one types for seconds.
-_PART = re.compile(r"(\d+(?:\.\d+)?) *(ms|s|m|h|d) *", re.ASCII)
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+) *(ms|s|m|h|d) *", re.ASCII)
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|nan)",
                      re.ASCII | re.IGNORECASE)
 
@@ -84,12 +84,14 @@ def _parse_text(text: str, what: str) -> float:
     if _NUMBER.fullmatch(compact):
         return float(compact)
     pos, total, last_rank = 0, 0.0, -1
-    for match in _PART.finditer(compact):
-        rank = _UNIT_RANK[match.group(2)]
-        if match.start() != pos or rank <= last_rank:
+    # Each part matched where the last ended: a search from every position would make a
+    # long run of digits without a unit quadratic.
+    while pos < len(compact):
+        match = _PART.match(compact, pos)
+        if match is None or _UNIT_RANK[match.group(2)] <= last_rank:
             break
         total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos, last_rank = match.end(), rank
+        pos, last_rank = match.end(), _UNIT_RANK[match.group(2)]
     if not compact or pos != len(compact):
         raise ValueError(f"{what}: {text!r} is not a duration (e.g. 30s, 5m, 1h30m)")
     return total

@@ -119,14 +119,14 @@ class TestANegativeDuration:
 class TestAZeroWait:
     @pytest.mark.parametrize("spelling", [
         "0", "0s", "0ms", "0.0", "00", "0m0s", "0h0m", "0d0h0m0s", "0.00m0s", "0 s", " 0m 0s ",
-        "0e0", "-0",
+        "0e0", "-0", "0.s", ".0s",
     ])
     def test_every_spelling_of_zero_the_durations_read_means_no_wait(self,
                                                                      spelling: str) -> None:
         args = build_parser().parse_args(["run", "job", "--wait", spelling])
         assert args.wait == 0.0, f"--wait {spelling!r} must mean --wait 0, got {args.wait!r}"
 
-    @pytest.mark.parametrize("spelling", ["0x", "0m0", "0.s", "s"])
+    @pytest.mark.parametrize("spelling", ["0x", "0m0", "0..s", "s"])
     def test_a_zero_the_durations_do_not_read_is_refused(
             self, capsys: pytest.CaptureFixture[str], engine_file: Path, spelling: str) -> None:
         code, err = _usage_error(["run", "job", "--wait", spelling, "--", "true"], capsys)

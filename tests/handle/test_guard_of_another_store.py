@@ -125,3 +125,19 @@ class TestAGuardOfACopiedDatabase:
             finally:
                 for name in (copy, original):
                     admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+class TestTheStoreOfAClosedPostgresqlClient:
+    def test_is_refused_without_creating_the_schema(self, pg_schema_url: str,
+                                                    pg_url: str) -> None:
+        import psycopg
+
+        schema = pg_schema_url.rsplit("schema=", 1)[1]
+        q = qs.Queen(pg_schema_url, pool_min_size=0)
+        q.close()
+        with pytest.raises(qs.EngineError, match="closed"):
+            _ = q.engine.store
+        with psycopg.connect(pg_url) as admin:
+            found = admin.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
+                                  (schema,)).fetchone()
+        assert found == (0,), "a closed client made its schema"

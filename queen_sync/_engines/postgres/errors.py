@@ -37,6 +37,7 @@ CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
     psycopg.errors.DivisionByZero,
     psycopg.errors.UndefinedTable,
     psycopg.errors.LockNotAvailable,
+    psycopg.errors.InsufficientPrivilege,
     psycopg_pool.PoolTimeout,
 )
 

@@ -147,6 +147,8 @@ class Sessions:
             pool = self._pool
         if pool is not None:
             return pool
+        if self._closed:  # before the migration: a closed client makes nothing
+            raise EngineError(f"PostgreSQL engine at {self.where} is closed")
         self._migrate(deadline)
         with self._mutex:
             if self._closed:
