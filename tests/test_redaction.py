@@ -481,6 +481,28 @@ class TestUsageErrors:
         err = capsys.readouterr().err
         assert "defgh" not in err, f"{argv}: the password's tail shows in: {err!r}"
 
+    @pytest.mark.parametrize("secretive", [
+        "postgresql://u:pw spZq9S3CRx@127.0.0.1:1/db", "postgresql://u:pw\nZq9S3CRx@127.0.0.1:1/db",
+        "postgresql://u:pw\tZq9S3CRx@127.0.0.1:1/db", "http://127.0.0.1:1/?a=1 Zq9S3CRx",
+        "postgresql://u:pw@127.0.0.1:1/db?password=a bZq9S3CRx",
+        "host=db port=5432 password=pa\"Zq9S3CRx", "host=db password=\"Zq9S3CRx",
+        "host=db password=ab'Zq9S3CRx", "host=db password='a\\' Zq9S3CRx'",
+    ], ids=["space", "newline", "tab", "query space", "password query space",
+            "kv inner double quote", "kv double quoted", "kv inner quote", "kv escaped quote"])
+    @pytest.mark.parametrize("argv", [["{}", "ping"], ["ping", "{}"],
+                                      ["run", "j", "--ttl", "{}", "--", "true"]],
+                             ids=["before the command", "as a word", "as a value"])
+    def test_a_secret_after_a_space_or_a_quote_in_a_misplaced_url_is_masked(
+            self, capsys: pytest.CaptureFixture[str], secretive: str, argv: list[str]) -> None:
+        from queen_sync._front.cli import main
+
+        words = [secretive if word == "{}" else word for word in argv]
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            main(words)
+        out, err = capsys.readouterr()
+        assert "S3CRx" not in out + err, f"{words}: the secret shows in: {err!r}"
+
     def test_the_hint_still_shows_where_the_url_goes_with_its_password_masked(
             self, capsys: pytest.CaptureFixture[str]) -> None:
         from queen_sync._front.cli import main

@@ -122,15 +122,16 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=30)
 
 
-# A URL in argparse's message: a quoted repr of a word holding ``://`` (escapes and the other
-# quote inside it), or an unquoted run.
-_URL_IN_TEXT = re.compile(r"""'(?:[^'\\]|\\.)*://(?:[^'\\]|\\.)*'"""
-                          r"""|"(?:[^"\\]|\\.)*://(?:[^"\\]|\\.)*"|[^\s'"]*://[^\s'"]*""")
+# A word argparse quotes in its message (a repr: escapes and the other quote inside it).
+_QUOTED = re.compile(r"""'(?:[^'\\]|\\.)*'""" r'|"(?:[^"\\]|\\.)*"')
+_URL_IN_TEXT = re.compile(r"""[^\s'"]*://[^\s'"]*""")
 # One command-line word: a URL runs from its scheme (at the start or after ``=``) to the
-# word's end, quotes included, since a password may hold a quote.
-_URL_IN_WORD = re.compile(r"(?<![^=])[A-Za-z][A-Za-z0-9+.-]*://\S*")
-# A ``password=`` field of a key-value connection string, which holds no ``://`` to find.
-_PASSWORD_FIELD = re.compile(r"""((?:ssl)?password\s*=\s*)('[^']*'?|[^\s'"]+)""", re.I)
+# word's end, spaces and quotes included, since a password may hold them.
+_URL_IN_WORD = re.compile(r"(?<![^=])[A-Za-z][A-Za-z0-9+.-]*://.*", re.S)
+# A ``password=`` field of a key-value connection string, which holds no ``://`` to find:
+# in a word, masked to the word's end (its quoting may hide where the password ends).
+_PASSWORD_IN_WORD = re.compile(r"((?:ssl)?password\s*=\s*).*", re.I | re.S)
+_PASSWORD_FIELD = re.compile(r"""((?:ssl)?password\s*=\s*)\S+""", re.I)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,15 +143,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _mask_urls(text: str) -> str:
     """``text`` with every URL in it masked, for argparse's echo of a word it refused."""
-    text = _URL_IN_TEXT.sub(lambda found: _masked_span(found.group()), text)
+    text = _QUOTED.sub(lambda found: _masked_quote(found.group()), text)
+    text = _URL_IN_TEXT.sub(lambda found: redact_url_for_error(found.group()), text)
     return _PASSWORD_FIELD.sub(r"\1***", text)
 
 
-def _masked_span(span: str) -> str:
-    """One URL found in a message, masked; a quoted one keeps its quotes."""
-    if span[0] in "'\"" and span[-1] == span[0]:
-        return f"{span[0]}{_masked_word(span[1:-1], None)}{span[0]}"
-    return redact_url_for_error(span)
+def _masked_quote(span: str) -> str:
+    """A quoted word of a message, masked as the word it is; it keeps its quotes."""
+    return f"{span[0]}{_masked_word(span[1:-1], None)}{span[0]}"
 
 
 def _masked_word(word: str, url: Optional[str]) -> str:
@@ -163,7 +163,7 @@ def _masked_word(word: str, url: Optional[str]) -> str:
         shown = redact_url_for_error(url) if "://" in url else "***" if "=" in url else url
         return word.replace(url, shown)
     word = _URL_IN_WORD.sub(lambda found: redact_url_for_error(found.group()), word)
-    return _PASSWORD_FIELD.sub(r"\1***", word)
+    return _PASSWORD_IN_WORD.sub(r"\1***", word)
 
 
 def option_first(message: str) -> str:
@@ -229,7 +229,9 @@ def _joined_negative_values(words: list[str]) -> list[str]:
     """
     joined: list[str] = []
     pending: Optional[str] = None
-    for word in words:
+    for at, word in enumerate(words):
+        if word == "--":  # what follows is names and a command, never options
+            return joined + words[at:]
         if pending is not None and _NEGATIVE_VALUE.match(word):
             joined[-1] = f"{pending}={word}"
             pending = None

@@ -116,6 +116,21 @@ class TestANegativeDuration:
         assert code == 2 and "'-soon' is not a duration" in err, f"exit {code}: {err!r}"
 
 
+class TestWordsAfterADoubleDash:
+    @pytest.mark.parametrize("argv", [["holders", "--", "--ttl", "-5s"],
+                                      ["release", "--token", "3", "--", "--slot", "-1"]])
+    def test_are_never_joined_as_an_option_and_its_value(self, argv: list[str]) -> None:
+        from queen_sync._front.cli import _joined_negative_values
+
+        assert _joined_negative_values(argv) == argv, "words after -- are names, not options"
+
+    def test_before_it_a_negative_value_is_still_joined(self) -> None:
+        from queen_sync._front.cli import _joined_negative_values
+
+        assert _joined_negative_values(["run", "j", "--ttl", "-5s", "--", "x"]) == [
+            "run", "j", "--ttl=-5s", "--", "x"]
+
+
 class TestAZeroWait:
     @pytest.mark.parametrize("spelling", [
         "0", "0s", "0ms", "0.0", "00", "0m0s", "0h0m", "0d0h0m0s", "0.00m0s", "0 s", " 0m 0s ",
