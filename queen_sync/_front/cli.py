@@ -215,6 +215,19 @@ def _is_negative_duration(text: str) -> bool:
     return True
 
 
+def _subcommand(words: list[str]) -> Optional[str]:
+    """The first word that is neither an option nor ``--url``'s value: the subcommand."""
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith("-"):
+            skip = word in ("--url", "--ur", "--u")  # its value is the next word
+        else:
+            return word
+    return None
+
+
 # The options that take a value, and a value that starts like a negative number.
 _VALUE_OPTIONS = ("--ttl", "--wait", "--grace", "--limit", "--busy-exit-code", "--token",
                   "--slot")
@@ -326,7 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the process exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
-    if "--" in words and "run" in words[:words.index("--")]:
+    if "--" in words and _subcommand(words[:words.index("--")]) == "run":
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1:]
     parser = build_parser()

@@ -283,6 +283,8 @@ class Transaction(ProcessBound):
                 the guard is this handle's token, read at commit).
             RequestError: ``lock`` is a handle of another store (``code ==
                 "guard_other_store"``): its token could match a permit there by chance.
+            EngineError: a PostgreSQL client that has not connected yet could not read
+                its store's identity (it connects for it, within its connect timeout).
         """
         if not isinstance(lock, Lock):
             raise TypeError(f"guard takes a Lock (from q.lock() or q.semaphore()), "

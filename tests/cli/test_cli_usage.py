@@ -131,6 +131,16 @@ class TestWordsAfterADoubleDash:
             "run", "j", "--ttl=-5s", "--", "x"]
 
 
+class TestANameThatIsRun:
+    def test_is_a_name_and_the_words_after_its_double_dash_are_names_too(
+            self, capsys: pytest.CaptureFixture[str], engine_file: Path) -> None:
+        code = main(["--url", f"sqlite://{engine_file}", "holders", "a", "run", "--", "b", "c"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert [line.split(":")[0] for line in out.splitlines()] == ["a", "run", "b", "c"], (
+            f"every name is looked up: {out!r}")
+
+
 class TestAZeroWait:
     @pytest.mark.parametrize("spelling", [
         "0", "0s", "0ms", "0.0", "00", "0m0s", "0h0m", "0d0h0m0s", "0.00m0s", "0 s", " 0m 0s ",
