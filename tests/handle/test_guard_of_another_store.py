@@ -141,3 +141,38 @@ class TestTheStoreOfAClosedPostgresqlClient:
             found = admin.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
                                   (schema,)).fetchone()
         assert found == (0,), "a closed client made its schema"
+
+
+_NO_PRIVILEGE = "DO $$ BEGIN RAISE insufficient_privilege; END $$"
+
+
+class TestAStoreWhoseServerCannotBeNamed:
+    """A role that may not read the server's system identifier (pg_control_system revoked)
+    cannot tell a restored copy on another server by the numbers alone: the store is then
+    named by its address too, so only the same spelling of one URL is one store."""
+
+    @staticmethod
+    def _client(url: str, monkeypatch: pytest.MonkeyPatch) -> qs.Queen:
+        client = qs.Queen(url, pool_min_size=0)
+        monkeypatch.setattr(client.engine.storage.sessions.sql,  # type: ignore[attr-defined]
+                            "server_id", _NO_PRIVILEGE)
+        return client
+
+    def test_the_same_url_is_one_store(self, pg_schema_url: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        with self._client(pg_schema_url, monkeypatch) as q, \
+                self._client(pg_schema_url, monkeypatch) as second:
+            lock = second.lock("job", ttl=30)
+            assert lock.acquire()
+            assert q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock).commit()
+
+    def test_another_address_is_another_store(self, pg_schema_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        other_url = _spellings(pg_schema_url)[0]  # another host name for the same server
+        with self._client(pg_schema_url, monkeypatch) as q, \
+                self._client(other_url, monkeypatch) as second:
+            lock = second.lock("job", ttl=30)
+            assert lock.acquire()
+            with pytest.raises(qs.RequestError) as caught:
+                q.transaction().kv.put("ns", "k", 1, forever=True).guard(lock)
+            assert caught.value.code == "guard_other_store"

@@ -184,7 +184,13 @@ class Sessions:
 
     def _identify(self, conn: psycopg.Connection[Any]) -> str:
         """The store's identity: the server's, the database's and the schema's numbers (the
-        last drawn by the first client that finds none)."""
+        last drawn by the first client that finds none).
+
+        A role that may not read the server's number names the server by this client's
+        address instead: a copy restored on another server may have the same database
+        number (``postgres`` is 5 on every cluster), and telling them apart matters more
+        than taking every spelling of one URL for one store.
+        """
         record = conn.execute(self.sql.store_id).fetchone()
         if record is None:
             # A racing client may draw another: the row that lands first is everyone's.
@@ -196,7 +202,7 @@ class Sessions:
             server = conn.execute(self.sql.server_id).fetchone()
         except psycopg.errors.InsufficientPrivilege:
             server = None
-        return f"{server[0] if server else '-'}:{record[1]}:{record[0]}"
+        return f"{server[0] if server else self.where}:{record[1]}:{record[0]}"
 
     def checkout(self, budget: Budget) -> tuple[psycopg.Connection[Any], Optional[PgPool]]:
         """A connection, and the pool it came from (None: opened for this call alone)."""
