@@ -191,9 +191,10 @@ class Transaction(ProcessBound):
         self._kv: list[tuple[dict[str, Any], _Rebuild]] = []
         self._timers: list[dict[str, Any]] = []
         # Held by a commit from its checks to its answer: a second thread's commit or add
-        # waits, then finds the bundle spent rather than sending it again.
-        self._committing = threading.Lock()
-        self._committer: Optional[int] = None  # the thread inside commit(), if one is
+        # waits, then finds the bundle spent rather than sending it again. Re-entrant, so
+        # a signal handler on the holding thread is answered instead of waiting for itself.
+        self._committing = threading.RLock()
+        self._inside = 0  # calls of this bundle under way on the thread holding the lock
         self._generation = forks.generation
         self._spent: Optional[str] = None  # why it may not be sent again, once it is spent
         self.kv = _BundleKv(self)
@@ -206,18 +207,24 @@ class Transaction(ProcessBound):
             raise RequestError("this transaction was built in the parent process before "
                                "fork(): the parent may commit it too; build another with "
                                "q.transaction() in this process", code="transaction_forked")
-        if self._committer == threading.get_ident():
-            # A signal handler on the committing thread: the commit it interrupted holds
-            # the lock and cannot go on until the handler returns.
-            raise RequestError("this transaction is being committed by this thread (called "
-                               "from a signal handler?): its outcome is not known yet",
-                               code="transaction_in_progress")
         with self._committing:
-            if self._spent is not None:
-                raise RequestError(f"this transaction {self._spent}: a bundle commits at "
-                                   "most once; build another with q.transaction()",
-                                   code="transaction_spent")
-            yield
+            if self._inside:
+                # A signal handler on the thread whose call it interrupted: that call
+                # cannot go on until the handler returns.
+                raise RequestError("this transaction is in use by this thread (called from "
+                                   "a signal handler?): its outcome is not known yet",
+                                   code="transaction_in_progress")
+            self._inside += 1
+            try:
+                # Checked after counting: a handler that ran before it finds this call
+                # under way, and a bundle it committed is found spent here.
+                if self._spent is not None:
+                    raise RequestError(f"this transaction {self._spent}: a bundle commits "
+                                       "at most once; build another with q.transaction()",
+                                       code="transaction_spent")
+                yield
+            finally:
+                self._inside -= 1
 
     def _add(self, op: dict[str, Any], rebuild: _Rebuild = None) -> Transaction:
         with self._alone():
@@ -321,11 +328,7 @@ class Transaction(ProcessBound):
                 committed, or its commit ended without an answer and may have applied.
         """
         with self._alone():
-            self._committer = threading.get_ident()
-            try:
-                return self._commit_once()
-            finally:
-                self._committer = None
+            return self._commit_once()
 
     def _commit_once(self) -> Result:
         if not (self._operations or self._kv or self._timers or self._guards):

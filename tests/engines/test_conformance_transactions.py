@@ -481,3 +481,70 @@ class TestABundleAfterAFork:
             assert os.waitstatus_to_exitcode(status) == 0, "the child committed or erred"
             assert txn.commit(), "the parent's own commit"
             assert q.kv.get("spent", "n")["value"] == 1, "parent and child both applied it"
+
+
+def _interrupted_once(q: qs.Queen, at: int, outer: str, inner: str) -> tuple[bool, list[str]]:
+    """Run ``outer`` on a fresh bundle, calling ``inner`` as a signal handler would at the
+    ``at``-th line event of the guarded section; whether it fired, and what each answered."""
+    import sys
+
+    from queen_sync._handle.transaction import Transaction
+
+    code = Transaction._alone.__wrapped__.__code__  # type: ignore[attr-defined]
+    txn = q.transaction().kv.incr("sig", "n", forever=True)
+    seen, fired, answers = 0, False, []
+
+    def call(which: str) -> None:
+        if which == "add":
+            txn.kv.incr("sig", "m", forever=True)
+        else:
+            txn.commit()
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal seen, fired
+        if frame.f_code is code and event == "line":
+            seen += 1
+            if seen == at and not fired:
+                fired = True
+                sys.settrace(None)
+                try:
+                    call(inner)
+                    answers.append("done")
+                except qs.RequestError as exc:
+                    answers.append(str(exc.code))
+        return trace
+
+    def run() -> None:
+        sys.settrace(trace)
+        try:
+            call(outer)
+            answers.append("outer done")
+        except qs.RequestError as exc:
+            answers.append(f"outer {exc.code}")
+        finally:
+            sys.settrace(None)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), f"{inner} from a handler at line event {at} of {outer} hung"
+    return fired, answers
+
+
+class TestASignalHandlerThatUsesTheBundle:
+    """A handler runs on the thread it interrupts, between any two lines: whatever it does
+    with the bundle that thread is adding to or committing must answer, never hang."""
+
+    @pytest.mark.parametrize("outer", ["add", "commit"])
+    @pytest.mark.parametrize("inner", ["add", "commit"])
+    def test_never_hangs_at_any_line_of_the_interrupted_call(
+            self, sqlite_url: str, outer: str, inner: str) -> None:
+        with qs.Queen(sqlite_url, renew_thread=False) as q:
+            at, fired = 0, True
+            while fired:  # one run per line of the guarded section, until none is left
+                at += 1
+                fired, answers = _interrupted_once(q, at, outer, inner)
+                if outer == inner == "commit":
+                    assert answers.count("done") + answers.count("outer done") <= 1, (
+                        f"one bundle committed twice at line event {at}: {answers}")
+            assert at > 3, "the trace saw no lines of the guarded section"
