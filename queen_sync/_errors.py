@@ -128,7 +128,13 @@ class UnsupportedOperationError(QueenError):
 
 
 class EngineError(QueenError):
-    """No usable answer came back from the engine."""
+    """No usable answer came back from the engine.
+
+    ``applied`` is False when the engine says nothing of the call was written (SQLite's
+    busy, full or read-only file); None when that is not known (a lost answer).
+    """
+
+    applied: Optional[bool] = None
 
 
 class EngineUnavailableError(EngineError):

@@ -1082,15 +1082,18 @@ def _translate(path: str, exc: sqlite3.DatabaseError) -> Exception:
     if not isinstance(exc, sqlite3.OperationalError):
         return EngineError(f"SQLite database {path} failed: {exc}")
     text = str(exc)
+    # These three are answered before anything of the call is written (it rolls back).
     if _is_full(exc):
         return EngineError(f"SQLite database {path} cannot grow: {text}; nothing of this "
-                           "call was written (free disk space, or raise max_page_count)")
+                           "call was written (free disk space, or raise max_page_count)",
+                           applied=False)
     if "locked" in text or "busy" in text:
-        return EngineUnavailableError(f"SQLite database {path} stayed locked: {text}")
+        return EngineUnavailableError(f"SQLite database {path} stayed locked: {text}",
+                                      applied=False)
     if _is_read_only(exc):  # no outage: waiting never makes the file writable
         return EngineError(f"SQLite database {path} is read-only to this process: {text}; "
                            "nothing of this call was written (this user needs write access "
-                           "to the file and its folder)")
+                           "to the file and its folder)", applied=False)
     return EngineUnavailableError(f"SQLite database {path} is unusable: {text}")
 
 

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from typing_extensions import Concatenate, ParamSpec
 
 from .._durations import Duration
-from .._errors import LockNotHeldError, RequestError, UnsupportedOperationError
+from .._errors import (
+    EngineError,
+    LockNotHeldError,
+    RequestError,
+    UnsupportedOperationError,
+)
 from .._process import ProcessBound, forks
 from .._results import Result
 from . import queue_ops
@@ -383,6 +388,10 @@ class Transaction(ProcessBound):
             answer = self._client.call_transaction(body)
         except RequestError:  # refused as malformed (a broker's 400 too): nothing applied
             self._spent = None
+            raise
+        except EngineError as exc:
+            if exc.applied is False:  # the engine says nothing of it was written
+                self._spent = None
             raise
         self._spent = "is already committed" if answer.get("success") else None
         return answer

@@ -211,3 +211,28 @@ class TestEngineErrors:
         path.write_bytes(os.urandom(4096))
         with pytest.raises(qs.EngineError):
             qs.Queen(f"sqlite://{path}")
+
+
+class TestAWriteThatSQLiteRefusedWhole:
+    """SQLite answers busy, full and read-only before anything is written: its error says
+    so (``applied is False``), and a transaction it refused may be committed again."""
+
+    def test_a_busy_file_refuses_the_bundle_and_it_may_be_committed_again(
+            self, tmp_path: Path) -> None:
+        import sqlite3
+
+        path = tmp_path / "queen.db"
+        with qs.Queen(f"sqlite://{path}?busy_timeout=0.3") as q:
+            q.kv.put("n", "k", 0, forever=True)
+            blocker = sqlite3.connect(path, isolation_level=None)
+            try:
+                blocker.execute("BEGIN IMMEDIATE")  # another process mid-write
+                txn = q.transaction().kv.incr("n", "k", forever=True)
+                with pytest.raises(qs.EngineUnavailableError) as busy:
+                    txn.commit()
+                assert busy.value.applied is False, busy.value
+                blocker.execute("ROLLBACK")
+            finally:
+                blocker.close()
+            assert txn.commit(), "the refused bundle could not be committed again"
+            assert q.kv.get("n", "k")["value"] == 1
