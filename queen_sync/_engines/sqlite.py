@@ -1183,7 +1183,9 @@ def _refuse_leftover_log(path: str, real: str) -> None:
     for suffix in ("-wal", "-journal"):
         log_path = real + suffix
         with contextlib.suppress(FileNotFoundError):
-            if os.lstat(log_path).st_size > 0:
+            # Looked at again once a log is found: another process may have made the store
+            # (then its log) since this one found no file.
+            if os.lstat(log_path).st_size > 0 and not os.path.lexists(real):
                 raise EngineError(
                     f"SQLite database {path} does not exist, but its {suffix} log "
                     f"{log_path} does: it is left from a database that was deleted, and "

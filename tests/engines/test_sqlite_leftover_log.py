@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,27 @@ class TestADeletedDatabaseWithItsLogLeft:
         with qs.Queen(f"sqlite://{leftover}") as q:
             assert not q.kv.get("n", "k"), "the new store holds the old one's data"
             assert not q.locks.get("job").get("holders")
+
+
+class TestAStoreMadeByAnotherProcessMeanwhile:
+    def test_is_opened_not_taken_for_a_deleted_ones_log(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        path = tmp_path / "queen.db"
+        with qs.Queen(f"sqlite://{path}") as first:
+            assert first.lock("job", ttl=30).acquire()  # a live store, its -wal in use
+            assert os.path.getsize(f"{path}-wal") > 0
+            # This client looked for the file just before the other made it.
+            real_lexists = os.path.lexists
+            missed: list[Any] = []
+
+            def lexists(name: Any) -> bool:
+                if os.fspath(name) == str(path) and not missed:
+                    missed.append(name)
+                    return False
+                return real_lexists(name)
+
+            monkeypatch.setattr(os.path, "lexists", lexists)
+            with qs.Queen(f"sqlite://{path}") as second:
+                monkeypatch.undo()
+                assert missed, "the interleaving was not made"
+                assert second.locks.get("job").get("holders"), "it opened another store"
