@@ -28,6 +28,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Iterator, Optional, Sequence
 
 import pytest
@@ -275,17 +276,50 @@ def pg_url(pg_server: PgServer) -> str:
     return pg_server.url
 
 
-def server_pids(server: PgServer) -> list[int]:
-    """The postmaster and every process it started (backends, checkpointer, ...)."""
+def _postmaster_pid(server: PgServer) -> int:
     with open(os.path.join(server.data, "postmaster.pid"), encoding="utf-8") as handle:
-        postmaster = int(handle.readline())
+        return int(handle.readline())
+
+
+def _stat_fields(pid: int) -> Optional[list[str]]:
+    """The fields of ``/proc/PID/stat`` after the command name (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _children(parent: int) -> list[int]:
     children = []
     for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError, IndexError), open(
-                f"/proc/{entry}/stat", encoding="utf-8") as handle:
-            if int(handle.read().rsplit(")", 1)[1].split()[1]) == postmaster:
-                children.append(int(entry))
-    return [postmaster, *children]
+        fields = _stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == parent:
+            children.append(int(entry))
+    return children
+
+
+def server_pids(server: PgServer) -> list[int]:
+    """The postmaster and every process it started (backends, checkpointer, ...)."""
+    postmaster = _postmaster_pid(server)
+    return [postmaster, *_children(postmaster)]
+
+
+def _stop(pids: Sequence[int], timeout: float = 5.0) -> None:
+    """SIGSTOP each process and wait until each is stopped or gone: the signal is delivered
+    when the process next runs, not when ``kill`` returns."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # one that ended meanwhile
+            os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            fields = _stat_fields(pid)
+            if fields is None or fields[0] in "TtZX":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server process {pid} did not stop (state {fields[0]})")
+            time.sleep(0.001)
 
 
 @contextlib.contextmanager
@@ -294,13 +328,12 @@ def stopped(pids: Sequence[int], resume_after: Optional[float] = None) -> Iterat
     always resumed; with ``resume_after``, also by a process of their own after that many
     seconds, so a client stuck with the GIL held cannot keep them stopped (and the test
     from failing)."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     resumer = None
-    if resume_after is not None:
-        resumer = subprocess.Popen(["sh", "-c", f"sleep {resume_after}; kill -CONT "
-                                    f"{shlex.join(map(str, pids))} 2>/dev/null"])
     try:
+        _stop(pids)
+        if resume_after is not None:
+            resumer = subprocess.Popen(["sh", "-c", f"sleep {resume_after}; kill -CONT "
+                                        f"{shlex.join(map(str, pids))} 2>/dev/null"])
         yield
     finally:
         for pid in pids:
@@ -311,6 +344,10 @@ def stopped(pids: Sequence[int], resume_after: Optional[float] = None) -> Iterat
             resumer.wait()
 
 
-def frozen(server: PgServer) -> contextlib.AbstractContextManager[None]:
-    """Every process of ``server`` stopped."""
-    return stopped(server_pids(server))
+@contextlib.contextmanager
+def frozen(server: PgServer) -> Iterator[None]:
+    """Every process of ``server`` stopped: the postmaster first, so it forks no backend
+    that a list of its children taken before would miss."""
+    postmaster = _postmaster_pid(server)
+    with stopped([postmaster]), stopped(_children(postmaster)):
+        yield
