@@ -9,6 +9,7 @@ it back, so the assignment is refused with ``LockError`` and changes nothing.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 
@@ -123,6 +124,10 @@ class TestARenameRacingAnAcquire:
                         except qs.LockError:
                             refused[0] += 1
             renamer = threading.Thread(target=rename)
+            # The renamer never waits, so each time the acquiring thread lets the GIL go (in
+            # SQLite) it would wait a whole switch interval (5 ms) to get it back.
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(0.0001)
             renamer.start()
             try:
                 for _ in range(800):
@@ -131,6 +136,7 @@ class TestARenameRacingAnAcquire:
             finally:
                 stop.set()
                 renamer.join()
+                sys.setswitchinterval(switch)
             assert refused[0] > 0, "the race never met a held handle: the test shows nothing"
         with qs.Queen(sqlite_url) as after:
             live = _live_permits(after)
