@@ -17,10 +17,11 @@ import inspect
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from _thread import allocate_lock
-from types import AsyncGeneratorType, CoroutineType, GeneratorType
+from types import AsyncGeneratorType, CoroutineType, FrameType, GeneratorType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 from typing_extensions import ParamSpec
@@ -66,6 +67,19 @@ def current_lock() -> Optional[Lock]:
     lock = _current.get()
     # A block exited in another thread (a generator closed there) cannot reset this context.
     return lock if lock is not None and lock.in_block else None
+
+
+_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                | inspect.CO_ITERABLE_COROUTINE)
+
+
+def _suspendable(frame: FrameType) -> Optional[FrameType]:
+    """``frame`` when it can be suspended and resumed later (a generator's, a coroutine's).
+
+    Only such a frame can exit a block after the thread that entered it has ended; any
+    other frame of an ended thread has returned.
+    """
+    return frame if frame.f_code.co_flags & _SUSPENDABLE else None
 
 
 def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:
@@ -240,7 +254,11 @@ class Lock(ProcessBound):
         # Blocks nest in one thread at a time (the owner), so these belong to that thread.
         self._gate = threading.Condition(threading.Lock())
         self._owner_thread: Optional[threading.Thread] = None
-        self._contexts: list[contextvars.Token[Optional[Lock]]] = []
+        # Per open block: its context token, and its frame when that frame can be suspended.
+        self._contexts: list[tuple[contextvars.Token[Optional[Lock]], Optional[FrameType]]] = []
+        # Suspended frames of blocks a thread left open as it ended: their exits, whenever
+        # they come, must not count out the blocks of the thread that took the handle over.
+        self._stale_frames: list[FrameType] = []
         self._blocks = 0  # with/run blocks using this handle now (never superseded then)
         self._taken_in: Optional[int] = None  # thread that acquired it
         self._cell: Optional[int] = None  # IPython cell that acquired it
@@ -1049,7 +1067,7 @@ class Lock(ProcessBound):
         return RunResult(acquired=True, value=value)
 
     def __enter__(self) -> Lock:
-        entry = self._enter_block()
+        entry = self._enter_block(_suspendable(sys._getframe(1)))
         if entry != "in":
             if entry == "thread":
                 raise LockNotHeldError(
@@ -1062,15 +1080,21 @@ class Lock(ProcessBound):
 
     @bookkeeping
     def __exit__(self, *exc_info: Any) -> None:
+        frame = _suspendable(sys._getframe(1))
         with interrupts_held():
+            if frame is not None and self._forget_stale(frame):
+                return  # its lease was given back when another thread took the handle over
             if self._blocks > 0 and self._generation == forks.generation:
                 # From any thread: a generator suspended in the block may be closed elsewhere.
                 self._exit_block()
             else:
                 self.release()  # an exit with no block open: the caller's explicit intent
 
-    def _enter_block(self) -> str:
+    def _enter_block(self, frame: Optional[FrameType] = None) -> str:
         """Enter a with/run block: re-entrant in the owning thread, others wait their turn.
+
+        ``frame``: the block's own frame, when it can be suspended (a generator's), so that
+        its exit is known for a stale one once an ended thread's blocks are taken over.
 
         Returns:
             ``"in"``; ``"thread"`` when another thread kept it past the wait; ``"busy"``
@@ -1100,7 +1124,7 @@ class Lock(ProcessBound):
                     self._leave(release=False)
                     return "busy"
                 steps.append(_current.set(self))
-                self._contexts.append(steps[-1])
+                self._contexts.append((steps[-1], frame))
         except BaseException:
             self._unwind_entry(steps)
             raise
@@ -1159,12 +1183,22 @@ class Lock(ProcessBound):
         if owner is not me:  # first: a Ctrl-C before SIGINT is ours has changed nothing yet
             block_opened(id(self))
         abandoned = owner is not None and owner is not me
-        if abandoned:  # its blocks will never exit
+        if abandoned:  # its blocks exit only if a generator suspended in them is closed
             self._blocks = 0
+            self._stale_frames.extend(f for _, f in self._contexts if f is not None)
             self._contexts.clear()
         self._owner_thread = me
         self._blocks += 1
         return "abandoned" if abandoned else "in"
+
+    def _forget_stale(self, frame: FrameType) -> bool:
+        """Whether ``frame`` is one of a stale block's (then forgotten: it exits once)."""
+        with self._gate:
+            for index, stale in enumerate(self._stale_frames):
+                if stale is frame:
+                    del self._stale_frames[index]
+                    return True
+        return False
 
     @bookkeeping
     def _unwind_entry(self, steps: list[Any]) -> None:
@@ -1174,7 +1208,7 @@ class Lock(ProcessBound):
 
     def _undo_steps(self, steps: list[Any]) -> None:
         if len(steps) > 1:
-            if self._contexts and self._contexts[-1] is steps[1]:
+            if self._contexts and self._contexts[-1][0] is steps[1]:
                 self._contexts.pop()
             _reset_current(steps[1])
         if not steps:
@@ -1189,7 +1223,7 @@ class Lock(ProcessBound):
     def _exit_block(self) -> None:
         with interrupts_held():
             if self._contexts:
-                _reset_current(self._contexts.pop())
+                _reset_current(self._contexts.pop()[0])
             self._leave(release=True)
 
     def _leave(self, *, release: bool) -> None:

@@ -272,6 +272,51 @@ class TestBlocksOutlivingTheirThread:
         assert not lock.in_block and not held_on_engine(mq, "gen"), (
             f"the dropped generator's block stayed open: {lock!r}")
 
+    @pytest.mark.parametrize("closed_in", ["another thread", "the new owner"])
+    def test_a_dead_threads_block_closed_later_leaves_the_new_owners_block_alone(
+        self, mq: qs.Queen, closed_in: str
+    ) -> None:
+        lock = mq.lock("stale", ttl=30)
+
+        def suspended_inside() -> Any:
+            with lock:
+                yield
+
+        stale = suspended_inside()
+        starter = threading.Thread(target=next, args=(stale,))
+        starter.start()
+        starter.join(5)  # the thread ends with the generator suspended in its block
+        inside, leave, seen = threading.Event(), threading.Event(), []
+
+        def new_owner() -> None:
+            with lock:
+                seen.append(lock.token)
+                inside.set()
+                if closed_in == "the new owner":
+                    stale.close()
+                leave.wait(5)
+                seen.append((lock.in_block, lock.held, lock.token))
+
+        owner = threading.Thread(target=new_owner)
+        owner.start()
+        assert inside.wait(5), "setup: the new owner did not get in"
+        if closed_in == "another thread":
+            stale.close()  # the old block's exit runs here, long after its thread ended
+        try:
+            assert lock.in_block and lock.held, (
+                f"closing the dead thread's block counted out the new owner's: {lock!r}")
+            rival = mq.lock("stale", ttl=30)
+            assert not rival.acquire(), "a rival took the lock under the new owner's block"
+            # wait=0: the handle is the new owner's.
+            with pytest.raises(qs.LockNotHeldError, match="another thread"), lock:
+                pass
+        finally:
+            leave.set()
+            owner.join(5)
+        assert seen[1] == (True, True, seen[0]), f"the new owner's block changed: {seen}"
+        assert not lock.in_block and not held_on_engine(mq, "stale"), (
+            "the new owner's exit must release")
+
     def test_a_block_left_open_by_a_dead_thread_is_abandoned_when_another_enters(
         self, mq: qs.Queen
     ) -> None:
