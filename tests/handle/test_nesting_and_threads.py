@@ -286,7 +286,8 @@ class TestBlocksOutlivingTheirThread:
         starter = threading.Thread(target=next, args=(stale,))
         starter.start()
         starter.join(5)  # the thread ends with the generator suspended in its block
-        inside, leave, seen = threading.Event(), threading.Event(), []
+        inside, leave = threading.Event(), threading.Event()
+        seen: list[Any] = []
 
         def new_owner() -> None:
             with lock:
