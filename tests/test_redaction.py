@@ -603,3 +603,78 @@ class TestABrokerThatEchoesTheBearerToken:
                       timeout=5) as q, pytest.raises(qs.QueenError) as failed:
             q.kv.get("ns", "x")
         assert "a bad answer to Bearer ***" in str(failed.value), str(failed.value)
+
+
+class TestSpellingsThatHidAPassword:
+    """A password keeps out of errors, reprs and output however its URL spells it: a query
+    key percent-encoded, a query before the address's '@', a connection string whose
+    password holds a ':', a URL echoed by the notebook magic, a token no header can carry."""
+
+    @pytest.mark.parametrize("key", ["pass%77ord", "%70assword", "sslpass%77ord", "PASS%57ORD"])
+    def test_a_percent_encoded_password_key_keeps_its_value_out_of_errors_and_output(
+            self, capsys: pytest.CaptureFixture[str], key: str) -> None:
+        pytest.importorskip("psycopg")
+        from queen_sync._front.cli import main
+
+        url = f"postgresql://app@127.0.0.1:{free_port()}/db?{key}=QZXJ%zzQZXJ"
+        with pytest.raises(qs.QueenError) as caught, qs.Queen(url, renew_thread=False) as q:
+            q.locks.get("x")
+        capsys.readouterr()
+        main(["--url", url, "ping"])
+        out, err = capsys.readouterr()
+        for text in [*_shown_by(caught.value), out + err]:
+            assert not _TOKEN.search(text), f"a piece of the password shows in: {text}"
+
+    @pytest.mark.parametrize("url", [
+        "postgresql://localhost?password=QZXJQZXJ@127.0.0.1:1/postgres",
+        "postgresql://localhost#password=QZXJQZXJ@127.0.0.1:1/postgres",
+    ])
+    def test_a_query_before_the_addresss_at_sign_is_refused_without_showing_it(
+            self, capsys: pytest.CaptureFixture[str], url: str) -> None:
+        pytest.importorskip("psycopg")
+        from queen_sync._front.cli import main
+
+        with pytest.raises(qs.RequestError) as refused:
+            qs.Queen(url, renew_thread=False).close()
+        assert refused.value.code == "bad_url", f"not refused as a bad URL: {refused.value}"
+        assert main(["--url", url, "ping", "--json"]) == 2, "a misread URL is bad usage"
+        out, err = capsys.readouterr()
+        for text in [*_shown_by(refused.value), out + err]:
+            assert not _TOKEN.search(text), f"a piece of the password shows in: {text}"
+
+    @pytest.mark.parametrize("url", [
+        "host=127.0.0.1 user=app password=QZXJ:QZXJ",
+        "password=QZX:J host=db",
+        "dbname=app password=qzxj:qzxj",
+    ])
+    def test_a_connection_string_with_a_colon_is_refused_without_showing_it(
+            self, capsys: pytest.CaptureFixture[str], url: str) -> None:
+        from queen_sync._front.cli import main
+
+        with pytest.raises(qs.RequestError) as refused:
+            qs.Queen(url, renew_thread=False).close()
+        assert main(["--url", url, "ping"]) == 2, "a connection string is bad usage"
+        out, err = capsys.readouterr()
+        for text in [*_shown_by(refused.value), out + err]:
+            assert not re.search("(?i)qzx", text), f"a piece of the password shows in: {text}"
+
+    @pytest.mark.parametrize("line", [
+        "job postgresql://app:QZXJQZXJ@db.internal/app",
+        "job --ttl postgresql://app:QZXJQZXJ@db.internal/app",
+        "job --url postgresql://app:QZXJQZXJ@db.internal/app --bogus",
+    ])
+    def test_the_notebook_magics_usage_errors_mask_a_url(self, line: str) -> None:
+        from queen_sync._front.magic import run_locked_cell
+
+        with pytest.raises(ValueError) as refused:
+            run_locked_cell(None, line, "1")  # the line is parsed before anything is sent
+        for text in _shown_by(refused.value):
+            assert not _TOKEN.search(text), f"the password shows in: {text}"
+
+    @pytest.mark.parametrize("token", ["s3cr\u20acT-QZXJ-1234", "QZXJ\u00e9\u0100abc"])
+    def test_a_token_no_http_header_can_carry_is_refused_without_showing_it(
+            self, token: str) -> None:
+        with pytest.raises(ValueError) as refused:
+            qs.Queen("http://127.0.0.1:1", bearer_token=token, renew_thread=False).close()
+        for text in [*_shown_by(refused.value), repr(refused.value.args)]:
+            assert "QZXJ" not in text, f"the token shows in: {text}"

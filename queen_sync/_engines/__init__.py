@@ -8,10 +8,13 @@ that knows them all.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from .._errors import RequestError
 from .base import Engine
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,30}")
 
 
 def engine_from_url(url: str, options: Mapping[str, Any]) -> Engine:
@@ -31,8 +34,11 @@ def engine_from_url(url: str, options: Mapping[str, Any]) -> Engine:
 
         engine = PostgresEngine.from_url(url, **_only(options, PostgresEngine.OPTIONS))
         return engine
+    # Only a word that can be a scheme is quoted: text before a ':' that is not one (a
+    # connection string's ``password=a:b``) may be a secret.
+    named = f"scheme {scheme!r}" if _SCHEME.fullmatch(scheme) else "text (no scheme; not shown)"
     raise RequestError(
-        f"unknown engine URL scheme {scheme!r}: use sqlite:///path, http(s)://host:port "
+        f"unknown engine URL {named}: use sqlite:///path, http(s)://host:port "
         "or postgresql://user@host/db",
         code="bad_url",
     )

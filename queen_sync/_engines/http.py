@@ -142,6 +142,9 @@ def _check_token(token: Any) -> Optional[_Secret]:
         raise TypeError(f"bearer_token must be a str, got {type(token).__name__}")
     if any(c.isspace() for c in token):
         raise ValueError("bearer_token must not contain whitespace")
+    if max(map(ord, token)) > 0xFF:  # checked, not encoded: the encode error quotes it
+        raise ValueError("bearer_token must hold only characters an HTTP header can carry "
+                         "(Latin-1)")
     return _Secret(token)
 
 

@@ -138,10 +138,10 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the option, as Unix tools print them; exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {_mask_urls(option_first(message))}\n")
+        self.exit(2, f"{self.prog}: {mask_urls(option_first(message))}\n")
 
 
-def _mask_urls(text: str) -> str:
+def mask_urls(text: str) -> str:
     """``text`` with every URL in it masked, for argparse's echo of a word it refused."""
     text = _QUOTED.sub(lambda found: _masked_quote(found.group()), text)
     text = _URL_IN_TEXT.sub(lambda found: redact_url_for_error(found.group()), text)

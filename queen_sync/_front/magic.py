@@ -22,14 +22,29 @@ import shlex
 from typing import Any, NoReturn, Optional
 
 from .._results import describe_holders
-from .cli import option_first, ttl_arg, wait_arg
+from .cli import mask_urls, option_first, ttl_arg, wait_arg
 
 _USAGE_EXAMPLE = "%%lock retrain --ttl 10m --wait 30s"
 
 
+class _LineRefused(Exception):
+    """argparse refused the magic's line; ``run_locked_cell`` raises it as a ValueError."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ValueError(f"%%lock: {option_first(message)} (e.g. {_USAGE_EXAMPLE})")
+        # Masked as the command line masks them: a refused word may be an engine URL.
+        raise _LineRefused(f"%%lock: {mask_urls(option_first(message))} (e.g. {_USAGE_EXAMPLE})")
+
+
+def _parse_line(line: str) -> argparse.Namespace:
+    refused = None
+    try:
+        return _parser().parse_args(shlex.split(line))
+    except _LineRefused as exc:
+        refused = str(exc)
+    # Raised out here, so argparse's own error (which quotes the word) is not its context.
+    raise ValueError(refused)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +78,7 @@ def run_locked_cell(shell: Any, line: str, cell: str) -> Any:
     Raises:
         ValueError: for a malformed line, before anything is sent.
     """
-    args = _parser().parse_args(shlex.split(line))
+    args = _parse_line(line)
     ttl, wait = args.ttl, args.wait
     from .._client import Queen
     from .._default import default_client

@@ -10,7 +10,7 @@ since a traceback prints the chained cause too.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 from urllib.parse import unquote
 
 import psycopg
@@ -25,7 +25,7 @@ MASK = "***"
 _FRAGMENT = re.compile(
     r"""(password\s*=\s*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s&'";,]+)""", re.IGNORECASE)
 _USERINFO = re.compile(r"(://[^:/?#@\s]*:)[^\s]*@")
-_QUERY_SECRET = re.compile(r"(?:^|&)(?:ssl)?password=([^&]*)", re.IGNORECASE)
+_SECRET_KEYS = frozenset({"password", "sslpassword"})
 
 # Every driver exception type this package catches, each translated by ``translate``.
 CAUGHT_DRIVER_ERRORS: tuple[type[Exception], ...] = (
@@ -72,9 +72,18 @@ def secrets_of(url: str) -> frozenset[str]:
     if ":" in meant:
         found.add(meant.partition(":")[2])
     for query in (rest.partition("?")[2], url.partition("?")[2].partition("#")[0]):
-        found.update(match.group(1) for match in _QUERY_SECRET.finditer(query))
+        found.update(_query_secrets(query))
     found |= {unquote(s) for s in found} | {unquote(s.replace("+", " ")) for s in found}
     return frozenset(s for s in found if s)
+
+
+def _query_secrets(query: str) -> Iterator[str]:
+    """The values of the query's password fields, their keys read as libpq reads them
+    (percent-decoded: ``pass%77ord`` is ``password``), in any case."""
+    for field in query.split("&"):
+        key, equals, value = field.partition("=")
+        if equals and {unquote(key).lower(), unquote(key.replace("+", " ")).lower()} & _SECRET_KEYS:
+            yield value
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

@@ -23,8 +23,8 @@ from .errors import detail_of
 DEFAULT_SCHEMA = "queen_sync"
 _OWN_QUERY = frozenset({"schema", "timeout", "pool_min_size", "pool_max_size"})
 _MISREAD = ("the PostgreSQL URL's address would be misread (the URL is not shown, as it may "
-            "hold a password): write '@' as %40 and '/' as %2F in a user name, password or "
-            "database name")
+            "hold a password): write '@' as %40, '/' as %2F, '?' as %3F and '#' as %23 in a "
+            "user name, password or database name")
 _CUT_QUERY = ("a field after the password in the PostgreSQL URL's query is no libpq option (it "
               "is not shown, as it may be part of the password): write '&' as %26 and '=' as "
               "%3D in a password")
@@ -44,6 +44,11 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
     prefix, userinfo, at, rest = split_userinfo(url)
     if prefix.lower() not in ("postgresql://", "postgres://"):
         raise RequestError(f"not a PostgreSQL URL: {redact_url_for_error(url)}", code="bad_url")
+    user = userinfo.partition(":")[0]
+    if at and ("?" in user or "#" in user):
+        # libpq takes all before the '@' for the user part (a password holds them freely):
+        # a person meant a query, or a fragment, there.
+        raise RequestError(_MISREAD, code="bad_url")
     address, _, query = rest.partition("?")
     fields = [field for field in query.split("&") if field]
     _refuse_a_misread_password(at, address, fields)
@@ -125,14 +130,17 @@ def _session_options(existing: Optional[str], call_timeout: float) -> str:
 def build_conninfo(libpq_url: str, connect_timeout: float, call_timeout: float,
                    where: str, secrets: frozenset[str] = frozenset()) -> str:
     """A libpq connection string with this engine's defaults added to the user's settings."""
+    undecodable = False
     try:
         params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(libpq_url)
     except psycopg.Error as exc:
         raise RequestError(f"bad PostgreSQL URL {where}: {detail_of(exc, secrets)}",
                            code="bad_url") from exc
-    except UnicodeDecodeError:  # the exception holds the raw bytes: it is not chained
+    except UnicodeDecodeError:
+        undecodable = True
+    if undecodable:  # raised out here: the decode error holds the raw bytes, its context too
         raise RequestError(f"bad PostgreSQL URL {where}: a percent-escape decodes to bytes "
-                           "that are not UTF-8", code="bad_url") from None
+                           "that are not UTF-8", code="bad_url")
     params.setdefault("application_name", "queen_sync")
     params.setdefault("connect_timeout", str(max(1, math.ceil(connect_timeout))))
     params.setdefault("tcp_user_timeout", str(int(call_timeout * 1000)))
