@@ -45,6 +45,7 @@ from typing import (
     Optional,
     TypeVar,
     Union,
+    cast,
     overload,
 )
 
@@ -218,6 +219,11 @@ def _spec(name: Optional[str], ttl: Duration, wait: Duration, on_busy: str, on_l
 
 
 def _decorate(spec: _Spec, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
+    if isinstance(fn, staticmethod):
+        # The function inside, decorated as if written below it: the plain function this
+        # would return would take the instance it is called on as its first argument.
+        inner: Callable[..., T] = fn.__func__
+        return cast(Callable[..., Optional[T]], staticmethod(_decorate(spec, inner)))
     if not callable(fn):
         raise TypeError(f"singleton_job decorates a function, not {type(fn).__name__}")
     check_body(fn, "singleton_job")

@@ -416,3 +416,26 @@ class TestBindOnAMethod:
                 return _held_name()
 
         assert Job().run() == "m"
+
+
+class TestAboveAStaticMethod:
+    """``@singleton_job`` written above ``@staticmethod`` decorates the function inside it."""
+
+    def test_the_method_gets_its_own_arguments_from_the_class_and_an_instance(
+            self, client: qs.Queen) -> None:
+        class Job:
+            @qs.singleton_job("static-above", client=client)
+            @staticmethod
+            def run(*args: Any) -> Any:
+                return args
+
+        assert Job.run(1) == (1,), "called on the class"
+        assert Job().run(1) == (1,), "called on an instance: no self passed in"
+
+    def test_a_generator_inside_is_refused_at_decoration(self, client: qs.Queen) -> None:
+        with pytest.raises(TypeError, match="generator"):
+            class Job:
+                @qs.singleton_job("static-gen", client=client)
+                @staticmethod
+                def run() -> Any:
+                    yield 1
