@@ -171,6 +171,38 @@ class TestPausedHolders:
                 fake.paused(q.lock("job", ttl=30)):
             pass
 
+    def test_pausing_a_lock_of_another_store_is_refused_and_leaves_it_renewed(
+        self, fake: FakeBroker, tmp_path: Path
+    ) -> None:
+        with qs.Queen(f"sqlite:///{tmp_path}/other.db", renew_thread=False) as other, \
+                FakeBroker("http://other.test:6632") as another, \
+                another.client() as broker_client:
+            for client in (other, broker_client):
+                lock = client.lock("job", ttl=30)
+                assert lock.acquire()
+                with pytest.raises(ValueError, match="no permit on this broker"), \
+                        fake.paused(lock):
+                    pass
+                assert lock in client.renewer.held(), "its renewals did not resume"
+                assert not client.lock("job", ttl=30).acquire(), "its permit was touched"
+                lock.release()
+
+    def test_a_renew_in_flight_lands_before_the_pause_so_the_handle_notices_nothing(
+        self, fake: FakeBroker
+    ) -> None:
+        with fake.client() as q:
+            old = q.lock("export", ttl=3)  # renewed every second
+            assert old.acquire()
+            fake.faults.delay_next(1, seconds=0.5, route="locks")
+            time.sleep(1.2)  # its renew has been sent, and waits in the delay
+            with fake.paused(old):
+                time.sleep(0.6)
+                assert not old.lost.is_set() and old.token is not None, (
+                    f"the handle noticed the pause: {old!r}")
+                answer = q.transaction().guard(old).kv.put("out", "r", 1, forever=True).commit()
+                assert not answer and answer["reason"] == "kv_precondition", answer
+        fake.assert_no_stale_writes()
+
     def test_the_broker_check_fails_on_a_superseded_guarded_commit(self,
                                                                    fake: FakeBroker) -> None:
         fake.core._guarded.extend([("job#0", 9), ("job#0", 5)])

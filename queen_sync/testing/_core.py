@@ -389,14 +389,28 @@ class BrokerTools(abc.ABC):
         run out while the process was frozen. The handle has not noticed: its own
         clock did not move, so it still believes it holds the lease and still hands
         out its old token. Anything it writes inside the block must be fenced out.
-        When the block ends its renewals resume (and report the loss).
+        When the block ends its renewals resume (and report the loss). A renew in flight
+        lands before the pause begins.
+
+        Raises:
+            ValueError: ``lock`` is not held, or holds no permit on this broker (it is
+                another store's): nothing would be paused.
         """
-        token = lock._token
-        if token is None:
+        if lock._token is None:
             raise ValueError(f"lock {lock.name!r} is not held: there is nothing to pause")
         renewer = lock._client.renewer
         renewer.unregister(lock)
-        self.core.expire(lock.name, token)
+        # A renew in flight lands first: its answer may carry a new token, or the loss.
+        lock.await_renewal()
+        token = lock._token
+        ours = lock.engine_url.rstrip("/") == self.url.rstrip("/")
+        if token is None or not (ours and self.core.expire(lock.name, token)):
+            if token is not None:
+                renewer.register(lock)
+            raise ValueError(
+                f"lock {lock.name!r} is not held" if token is None else
+                f"lock {lock.name!r} holds no permit on this broker (its client uses "
+                f"{lock.engine_url}): there is nothing here to pause")
         try:
             yield
         finally:
