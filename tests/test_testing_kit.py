@@ -406,6 +406,26 @@ class TestFaultyEngine:
             FaultyEngine(42)  # type: ignore[arg-type]
 
 
+class TestAFaultyEngineOverHttp:
+    @pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "faulty"])
+    def test_a_stalled_acquire_landing_after_the_release_is_given_back_at_close(
+            self, wrapped: bool) -> None:
+        """The HTTP engine's clean-up of resent acquires works through the wrapper too."""
+        with LocalBroker() as broker:
+            options: dict[str, Any] = {"timeout": (1.0, 0.4), "call_timeout": 3, "backoff": 0.01}
+            q = qs.Queen(engine=FaultyEngine(broker.url, **options)) if wrapped else \
+                qs.Queen(broker.url, **options)
+            lock = q.lock("job", ttl=30)
+            broker.faults.delay_next(1, seconds=1.0, route="locks")  # it lands late
+            assert lock.acquire(), "the resend is answered"
+            assert lock.release()
+            time.sleep(1.3)  # the stalled first acquire lands now: a permit for nobody
+            q.close()
+            with broker.client() as after:
+                holders = after.locks.get("job")["holders"]
+            assert holders == [], f"a stray permit outlived its client: {holders}"
+
+
 class TestEngineClocks:
     @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
     def test_a_lease_expires_when_the_broker_clock_passes_its_ttl(

@@ -178,6 +178,11 @@ class FaultyEngine(Engine):
             rule.action(route, body)
         return answer
 
+    def left_strays(self) -> bool:
+        """The inner engine's ``left_strays`` (an HTTP engine's resent calls), else False."""
+        inner = getattr(self._inner, "left_strays", None)
+        return bool(inner()) if inner is not None else False
+
     @contextlib.contextmanager
     def subscribe(self, name: str) -> Iterator[Waiter]:
         """The inner engine's release notifications for ``name`` (never faulted)."""
