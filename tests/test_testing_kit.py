@@ -72,6 +72,49 @@ class TestFakeBroker:
                 assert not q.locks.get("job"), "the client of the broker carries its token"
 
 
+class TestAFakeBrokerAcrossAFork:
+    def test_a_child_forked_while_another_thread_calls_gets_its_answers(self) -> None:
+        import os
+        import threading
+
+        with FakeBroker() as broker, broker.client() as q:
+            q.kv.put("a", "b", 1, forever=True)
+            stop = threading.Event()
+
+            def hammer() -> None:
+                while not stop.is_set():
+                    q.kv.get("a", "b")
+
+            caller = threading.Thread(target=hammer)
+            caller.start()
+            try:
+                time.sleep(0.1)
+                codes = []
+                for _ in range(5):  # a fork lands mid-call, holding the broker's locks, often
+                    pid = os.fork()
+                    if pid == 0:  # the child: exit 0 once answered; killed below if it hangs
+                        try:
+                            with qs.Queen(broker.url, timeout=(1, 2)) as child:
+                                os._exit(0 if child.kv.get("a", "b")["value"] == 1 else 3)
+                        finally:
+                            os._exit(4)
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        done, status = os.waitpid(pid, os.WNOHANG)
+                        if done:
+                            codes.append(os.waitstatus_to_exitcode(status))
+                            break
+                        time.sleep(0.01)
+                    else:
+                        os.kill(pid, 9)
+                        os.waitpid(pid, 0)
+                        codes.append("hung")
+            finally:
+                stop.set()
+                caller.join(5)
+        assert codes == [0] * 5, f"forked children's calls to the broker: {codes}"
+
+
 class TestFaultPlans:
     def test_faults_are_taken_in_order_and_only_by_their_route(self, fake: FakeBroker) -> None:
         fake.faults.fail_next(1, status=500, route="kv").fail_next(1, status=418, route="kv")

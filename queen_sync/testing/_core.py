@@ -29,6 +29,7 @@ import random
 import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
@@ -102,6 +103,9 @@ class FaultPlan:
         self._chaos_kinds: tuple[str, ...] = ()
         self._random = random.Random()
         self.injected: Counter[str] = Counter()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def _queue(self, n: int, fault: Fault) -> FaultPlan:
         if fault.kind not in self._kinds:
@@ -185,6 +189,19 @@ class FaultPlan:
         return Fault(kind, applied=applied and kind == "reset")
 
 
+# Every core of this process, given fresh locks in a forked child.
+_CORES: weakref.WeakSet[BrokerCore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for core in list(_CORES):
+        core.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class BrokerCore:
     """The routes, served from one SQLite file through the embedded engine."""
 
@@ -200,6 +217,12 @@ class BrokerCore:
         self._mutex = threading.Lock()
         self._guarded: list[tuple[str, int]] = []
         self.queues = QueueRecord()
+        _CORES.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: locks of its own (a parent thread mid-call held them)."""
+        self._mutex = threading.Lock()
+        self.faults.after_fork()
 
     @property
     def engine(self) -> SqliteEngine:
