@@ -89,7 +89,7 @@ class TestAFakeBrokerAcrossAFork:
             caller.start()
             try:
                 time.sleep(0.1)
-                codes = []
+                codes: list[Any] = []
                 for _ in range(5):  # a fork lands mid-call, holding the broker's locks, often
                     pid = os.fork()
                     if pid == 0:  # the child: exit 0 once answered; killed below if it hangs
