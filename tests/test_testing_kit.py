@@ -147,11 +147,27 @@ class TestFaultPlans:
 
     @pytest.mark.parametrize("call", [
         lambda f: f.fail_next(0), lambda f: f.chaos(1.5), lambda f: f.chaos(0.1, kinds=()),
-        lambda f: f.fail_next(1, route="queues"),
+        lambda f: f.fail_next(1, route="queues"), lambda f: f.chaos(True),
+        lambda f: f.chaos(float("nan")),
+        lambda f: f.timeout_next(seconds=-1), lambda f: f.timeout_next(seconds=float("nan")),
+        lambda f: f.delay_next(seconds=float("inf")), lambda f: f.delay_next(seconds=1e300),
+        lambda f: f.delay_next(seconds="1"), lambda f: f.fail_next(status=200),
+        lambda f: f.fail_next(status="abc"), lambda f: f.fail_next(status=True),
+        lambda f: f.fail_next(body="text"), lambda f: f.fail_next(headers={"a": 1}),
+        lambda f: f.fail_next(applied="yes"),
     ])
-    def test_a_bad_fault_is_refused_when_queued(self, fake: FakeBroker, call) -> None:  # type: ignore[no-untyped-def]
-        with pytest.raises(ValueError):
+    def test_a_bad_fault_is_refused_when_queued_and_queues_nothing(
+            self, fake: FakeBroker, call: Callable[[Any], Any]) -> None:
+        with pytest.raises((ValueError, TypeError)):
             call(fake.faults)
+        assert fake.faults.take("kv") is None, "the refused fault was queued all the same"
+        with fake.client() as q:
+            assert q.kv.incr("app", "n", forever=True)["value"] == 1, "the broker still answers"
+
+    def test_a_fault_for_many_calls_hits_that_many_and_no_more(self, fake: FakeBroker) -> None:
+        fake.faults.fail_next(3, status=500, route="kv")
+        taken = [fake.faults.take("kv") for _ in range(4)]
+        assert [t is not None for t in taken] == [True, True, True, False], taken
 
     def test_a_local_broker_cannot_fake_a_refused_connection(self) -> None:
         broker = LocalBroker()
@@ -467,6 +483,16 @@ class TestAFaultyEngineOverHttp:
             with broker.client() as after:
                 holders = after.locks.get("job")["holders"]
             assert holders == [], f"a stray permit outlived its client: {holders}"
+
+
+class TestAFaultyEnginesArguments:
+    @pytest.mark.parametrize("seconds", [-1, float("nan"), float("inf"), 1e300, True, "1"])
+    def test_a_delay_that_could_not_be_slept_is_refused_when_scripted(
+            self, faulty: tuple[FaultyEngine, qs.Queen], seconds: Any) -> None:
+        engine, q = faulty
+        with pytest.raises(ValueError, match="seconds"):
+            engine.delay_next(seconds=seconds)
+        assert q.kv.incr("app", "n", forever=True)["value"] == 1, "nothing was scripted"
 
 
 class TestEngineClocks:

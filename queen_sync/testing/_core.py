@@ -88,6 +88,34 @@ class Fault:
                           self.headers)
 
 
+_MAX_FAULT_SECONDS = 3600.0  # an hour: beyond it, a delay only hangs the test
+
+
+@dataclass
+class _Queued:
+    fault: Fault
+    left: int  # calls it has still to hit
+
+
+def _check_fault(fault: Fault) -> None:
+    """Refuse, when it is queued, a fault the broker could not inject when it comes."""
+    seconds = fault.seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not 0.0 <= seconds <= _MAX_FAULT_SECONDS:  # NaN fails this too
+        raise ValueError(f"seconds must be a number within 0..{_MAX_FAULT_SECONDS:.0f}, "
+                         f"got {seconds!r}")
+    status = fault.status
+    if isinstance(status, bool) or not isinstance(status, int) or not 300 <= status <= 599:
+        raise ValueError(f"status must be an HTTP status within 300..599 (one the client "
+                         f"takes for a failure), got {status!r}")
+    if fault.body is not None and not isinstance(fault.body, bytes):
+        raise TypeError(f"body must be bytes or None, got {type(fault.body).__name__}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in fault.headers.items()):
+        raise TypeError("headers must map str to str")
+    if not isinstance(fault.applied, bool):
+        raise TypeError(f"applied must be a bool, got {type(fault.applied).__name__}")
+
+
 class FaultPlan:
     """Faults a test broker injects, in order: ``fail_next``, ``timeout_next`` ... or ``chaos``.
 
@@ -98,7 +126,7 @@ class FaultPlan:
     def __init__(self, kinds: Sequence[str] = FAULT_KINDS) -> None:
         self._kinds = frozenset(kinds)
         self._lock = threading.Lock()
-        self._queued: list[Fault] = []
+        self._queued: list[_Queued] = []  # in order
         self._rate = 0.0
         self._chaos_kinds: tuple[str, ...] = ()
         self._random = random.Random()
@@ -115,8 +143,9 @@ class FaultPlan:
             raise ValueError(f"unknown route {fault.route!r}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
+        _check_fault(fault)
         with self._lock:
-            self._queued.extend([fault] * n)
+            self._queued.append(_Queued(fault, n))  # a count, not n copies: n may be large
         return self
 
     def fail_next(self, n: int = 1, *, status: int = 503, body: Optional[bytes] = None,
@@ -148,8 +177,8 @@ class FaultPlan:
     def chaos(self, rate: float, *, kinds: Sequence[str] = ("status", "timeout", "reset", "delay"),
               seed: Optional[int] = None) -> FaultPlan:
         """Hit a random ``rate`` (0..1) of calls with a fault of one of ``kinds``; 0 stops it."""
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"rate must be within 0..1, got {rate!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be a number within 0..1, got {rate!r}")
         unknown = set(kinds) - self._kinds
         if unknown or not kinds:
             raise ValueError(f"kinds must be some of {sorted(self._kinds)}, got {list(kinds)}")
@@ -167,9 +196,12 @@ class FaultPlan:
     def take(self, route: Optional[str]) -> Optional[Fault]:
         """The fault for this call, if any (the broker calls it once per request)."""
         with self._lock:
-            for index, fault in enumerate(self._queued):
+            for index, queued in enumerate(self._queued):
+                fault = queued.fault
                 if fault.route in (None, route):
-                    del self._queued[index]
+                    queued.left -= 1
+                    if not queued.left:
+                        del self._queued[index]
                     self.injected[fault.kind] += 1
                     return fault
             if not self._rate or self._random.random() >= self._rate:

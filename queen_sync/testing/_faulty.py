@@ -39,6 +39,9 @@ class _Rule:
         return any(isinstance(o, Mapping) and o.get("op") == self.op for o in operations)
 
 
+_MAX_DELAY = 3600.0  # an hour: beyond it, a delay only hangs the test
+
+
 class FaultyEngine(Engine):
     """An engine that forwards every call to ``inner``, except the calls a test makes fail.
 
@@ -122,8 +125,10 @@ class FaultyEngine(Engine):
                    route: Optional[str] = None, op: Optional[str] = None,
                    applied: bool = False) -> FaultyEngine:
         """Sleep ``seconds`` (real time) before the call, or after it when ``applied``."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                not 0 <= seconds <= _MAX_DELAY:  # NaN fails this too
+            raise ValueError(f"seconds must be a number within 0..{_MAX_DELAY:.0f}, "
+                             f"got {seconds!r}")
         return self._add(_Rule("delay", lambda route, body: time.sleep(seconds), route, op,
                                applied, _count(n)))
 
