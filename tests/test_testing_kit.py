@@ -151,7 +151,7 @@ class TestFaultPlans:
         lambda f: f.chaos(float("nan")),
         lambda f: f.timeout_next(seconds=-1), lambda f: f.timeout_next(seconds=float("nan")),
         lambda f: f.delay_next(seconds=float("inf")), lambda f: f.delay_next(seconds=1e300),
-        lambda f: f.delay_next(seconds="1"), lambda f: f.fail_next(status=200),
+        lambda f: f.delay_next(seconds="1"), lambda f: f.fail_next(status=99),
         lambda f: f.fail_next(status="abc"), lambda f: f.fail_next(status=True),
         lambda f: f.fail_next(body="text"), lambda f: f.fail_next(headers={"a": 1}),
         lambda f: f.fail_next(applied="yes"),
