@@ -206,6 +206,36 @@ class TestLocalBroker:
         assert not path.exists(), "the broker's own temporary file is cleaned up"
 
 
+class TestABrokerMisused:
+    @pytest.mark.parametrize(("port", "error"), [
+        (-1, ValueError), (70000, ValueError), ("8080", TypeError), (True, TypeError)])
+    def test_a_bad_port_is_refused_when_the_broker_is_made(self, port: Any,
+                                                          error: type[Exception]) -> None:
+        with pytest.raises(error, match="port"):
+            LocalBroker(port=port)
+
+    def test_a_start_on_a_taken_port_leaves_nothing_open(self) -> None:
+        import socket
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            broker = LocalBroker(port=taken.getsockname()[1])
+            with pytest.raises(OSError):
+                broker.start()
+            assert broker.core._engine is None, "the store stayed open after the failed start"
+            broker.close()
+
+    @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
+    def test_a_start_after_close_removed_its_store_is_refused(self, kind: Any) -> None:
+        broker = kind()
+        with broker, broker.client() as q:
+            q.locks.acquire("job", ttl_seconds=30, owner="a")
+        with pytest.raises(RuntimeError, match="closed"):
+            broker.start()
+        broker.close()
+
+
 class TestPausedHolders:
     def test_a_paused_holder_still_believes_but_its_guarded_write_is_fenced(
         self, fake: FakeBroker

@@ -387,6 +387,7 @@ class BrokerTools(abc.ABC):
             path = os.path.join(self._tmp.name, "broker.db")
         self.faults = FaultPlan(kinds)
         self._core = BrokerCore(path, token=token, faults=self.faults, clock=clock)
+        self._store_removed = False
 
     @property
     @abc.abstractmethod
@@ -416,6 +417,13 @@ class BrokerTools(abc.ABC):
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+            self._store_removed = True
+
+    def _refuse_if_removed(self) -> None:
+        """A start after ``close()`` removed the broker's own store would begin a new one,
+        its tokens starting again from 1, in a folder nothing removes."""
+        if self._store_removed:
+            raise RuntimeError("this broker was closed and its store removed: make another")
 
     def __enter__(self: _B) -> _B:
         return self.start()

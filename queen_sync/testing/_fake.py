@@ -58,9 +58,11 @@ class FakeBroker(BrokerTools):
 
         Raises:
             ValueError: another running ``FakeBroker`` answers this URL already.
+            RuntimeError: the broker was closed, and the store it made removed.
         """
         if self._transport is not None:
             return self
+        self._refuse_if_removed()
         transport = _Transport(self)
         _ROUTER.add(self._url, transport)  # first: a refused start opens nothing
         try:

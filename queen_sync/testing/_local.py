@@ -143,6 +143,11 @@ class LocalBroker(BrokerTools):
     def __init__(self, path: Optional[str] = None, *, port: int = 0,
                  token: Optional[str] = None, tls: Optional[ssl.SSLContext] = None,
                  clock: Callable[[], float] = time.time) -> None:
+        # Checked before the base makes a temporary folder a refusal would leak.
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise TypeError(f"port must be an int, got {type(port).__name__}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be within 0..65535 (0: a free one), got {port}")
         super().__init__(path, token=token, kinds=LOCAL_FAULTS, prefix="queen-local-broker-",
                          clock=clock)
         self._port = port
@@ -171,8 +176,13 @@ class LocalBroker(BrokerTools):
         """Listen (again) on the same port, serving the same file."""
         if self._server is not None:
             return self
+        self._refuse_if_removed()
         self._core.open()
-        self._server = _Server(self._port, self._core, self._tls)
+        try:
+            self._server = _Server(self._port, self._core, self._tls)
+        except BaseException:
+            self._core.close()  # the port is taken, say: nothing is left open
+            raise
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05},
