@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import subprocess
 import sys
@@ -234,6 +235,45 @@ class TestABrokerMisused:
         with pytest.raises(RuntimeError, match="closed"):
             broker.start()
         broker.close()
+
+
+class TestABrokerStoppedOrMisbuilt:
+    @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
+    def test_a_call_in_flight_when_the_broker_stops_reaches_nothing_and_logs_no_error(
+            self, kind: Any, caplog: pytest.LogCaptureFixture) -> None:
+        import threading
+
+        broker = kind().start()
+        try:
+            with broker.client(timeout=(1, 2)) as q:
+                broker.faults.delay_next(1, seconds=0.5, route="kv")
+                outcome: list[BaseException] = []
+
+                def call() -> None:
+                    try:
+                        q.kv.get("a", "b")
+                    except BaseException as exc:
+                        outcome.append(exc)
+
+                caplog.set_level(logging.ERROR)
+                caller = threading.Thread(target=call)
+                caller.start()
+                time.sleep(0.2)
+                broker.stop()
+                caller.join(10)
+        finally:
+            broker.close()
+        assert outcome and isinstance(outcome[0], qs.EngineUnavailableError) and \
+            not isinstance(outcome[0], qs.QueenHttpError), f"the call got: {outcome!r}"
+        assert not [r for r in caplog.records if r.name == "queen_sync"], caplog.text
+
+    @pytest.mark.parametrize("reading", [float("nan"), "x", float("inf"), -5.0, 1e30])
+    def test_a_clock_that_reads_no_epoch_time_is_the_brokers_fault_not_the_request(
+            self, reading: Any) -> None:
+        with FakeBroker(clock=lambda: reading) as broker, broker.client() as q, \
+                pytest.raises(qs.QueenHttpError) as caught:
+            q.locks.get("x")
+        assert caught.value.status == 500 and "clock" in str(caught.value), caught.value
 
 
 class TestPausedHolders:

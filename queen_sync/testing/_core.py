@@ -133,6 +133,7 @@ class FaultPlan:
         self.injected: Counter[str] = Counter()
 
     def after_fork(self) -> None:
+        """In a forked child: a lock of its own (a parent thread may have held this one)."""
         self._lock = threading.Lock()
 
     def _queue(self, n: int, fault: Fault) -> FaultPlan:
@@ -221,6 +222,21 @@ class FaultPlan:
         return Fault(kind, applied=applied and kind == "reset")
 
 
+class BrokerStopped(RuntimeError):
+    """A call reached a broker stopped while it was in flight."""
+
+
+def _clock_problem(clock: Callable[[], float]) -> Optional[str]:
+    """What is wrong with the broker clock's reading now (None: a finite epoch time)."""
+    try:
+        now = clock()
+    except Exception as exc:
+        return f"the broker's clock raised {exc!r}"
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not 0 <= now < 1e11:
+        return f"the broker's clock read {now!r}, not epoch seconds"
+    return None
+
+
 # Every core of this process, given fresh locks in a forked child.
 _CORES: weakref.WeakSet[BrokerCore] = weakref.WeakSet()
 
@@ -259,7 +275,7 @@ class BrokerCore:
     @property
     def engine(self) -> SqliteEngine:
         if self._engine is None:
-            raise RuntimeError("the broker is stopped")
+            raise BrokerStopped("the broker is stopped")
         return self._engine
 
     def open(self) -> None:
@@ -305,12 +321,18 @@ class BrokerCore:
         return envelope(401, "unauthorized", reason, "a valid bearer token is required")
 
     def _run(self, route: str, body: dict[str, Any]) -> Reply:
+        problem = _clock_problem(self.clock)
+        if problem is not None:  # the test's broker is misbuilt: not the client's request
+            log.error("test broker: %s", problem)
+            return envelope(500, "internal", "broker_clock", problem)
         try:
             with self._mutex:
                 if route == "transaction":
                     answer = self._transaction(body)
                 else:
                     answer = self.engine.call(route, body)
+        except BrokerStopped:
+            raise  # stopped with this call in flight: it reaches nothing, as a stopped host
         except RequestError as exc:
             return envelope(400, exc.code, "invalid_request", str(exc))
         except (TypeError, ValueError) as exc:

@@ -19,7 +19,7 @@ from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 from urllib3.exceptions import ProtocolError as Urllib3ProtocolError
 
-from ._core import FAULT_KINDS, BrokerTools, Fault, Reply
+from ._core import FAULT_KINDS, BrokerStopped, BrokerTools, Fault, Reply
 
 
 class FakeBroker(BrokerTools):
@@ -110,7 +110,11 @@ class _Transport(BaseAdapter):
     def send(self, request: requests.PreparedRequest, stream: bool = False,
              timeout: Any = None, verify: Any = True, cert: Any = None,
              proxies: Any = None) -> requests.Response:
-        reply = self._broker.answer(request)
+        try:
+            reply = self._broker.answer(request)
+        except BrokerStopped:  # stopped while this call was in flight: it reaches nothing
+            raise requests.exceptions.ConnectionError(
+                f"{request.url}: the broker stopped while the call was in flight") from None
         response = requests.Response()
         response.status_code = reply.status
         response.reason = http.client.responses.get(reply.status, "")

@@ -17,7 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ._core import BrokerCore, BrokerTools, Fault, Reply
+from ._core import BrokerCore, BrokerStopped, BrokerTools, Fault, Reply
 
 if TYPE_CHECKING:
     import ssl
@@ -86,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str, raw: bytes) -> Optional[Reply]:
         try:
             return self.server.core.answer(method, self.path, dict(self.headers), raw)
-        except RuntimeError:  # stopped while this request was in flight
+        except BrokerStopped:  # stopped while this request was in flight
             return None
 
     def _fault(self, fault: Fault, method: str, raw: bytes) -> None:
