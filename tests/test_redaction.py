@@ -678,3 +678,12 @@ class TestSpellingsThatHidAPassword:
             qs.Queen("http://127.0.0.1:1", bearer_token=token, renew_thread=False).close()
         for text in [*_shown_by(refused.value), repr(refused.value.args)]:
             assert "QZXJ" not in text, f"the token shows in: {text}"
+
+    @pytest.mark.parametrize("value", [" QZXJ-key", "\tQZXJ-key", "QZXJ\u20ac-key"])
+    def test_a_header_value_no_http_header_can_carry_is_refused_without_showing_it(
+            self, value: str) -> None:
+        with pytest.raises(ValueError) as refused:
+            qs.Queen("http://127.0.0.1:1", headers={"X-Api-Key": value},
+                     renew_thread=False).close()
+        for text in [*_shown_by(refused.value), repr(refused.value.args)]:
+            assert "QZXJ" not in text, f"the header's value shows in: {text}"

@@ -133,6 +133,12 @@ def _check_header(name: Any, value: Any) -> None:
         raise TypeError("headers must map str to str")
     if any(c in name + value for c in "\r\n\0"):
         raise ValueError(f"header {name!r} contains a line break")
+    # What the HTTP layer would refuse later, quoting the value (which may be a secret).
+    if not name or ":" in name or name[0].isspace() or max(map(ord, name)) > 0x7F:
+        raise ValueError(f"header name {name!r} is not one HTTP can carry")
+    if value[:1].isspace() or (value and max(map(ord, value)) > 0xFF):
+        raise ValueError(f"header {name!r}: its value starts with a space, or holds a "
+                         "character an HTTP header cannot carry (the value is not shown)")
 
 
 def _check_token(token: Any) -> Optional[_Secret]:
