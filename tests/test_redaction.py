@@ -530,7 +530,10 @@ class _EchoingBroker:
                 auth = self.headers.get("Authorization") or ""
                 body = broker.template.replace("{auth}", auth).replace(
                     "{auth_json}", json.dumps(auth)[1:-1]).replace(
-                    "{auth_quoted}", quote(auth, safe=""))
+                    "{auth_quoted}", quote(auth, safe="")).replace(
+                    "{auth_slashes}", json.dumps(auth)[1:-1].replace("/", "\\/")).replace(
+                    "{auth_quoted_lower}", re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(),
+                                                  quote(auth, safe="")))
                 data = body.encode()
                 self.send_response(broker.status)
                 self.send_header("Content-Type", broker.content_type)
@@ -570,7 +573,16 @@ _ECHOES = [
     (501, "application/json",
      '{"error": "unsupported_operation", "reason": "{auth}", "detail": "{auth}"}'),
     (200, "text/plain", "not json {auth}"),
+    (403, "application/json", '{"message": "rejected header {auth_slashes}"}'),
+    (502, "text/html", "<p>{auth_quoted_lower}</p>"),
 ]
+
+
+def _echoed_forms(token: str) -> list[str]:
+    """The token as a broker may quote it: raw, percent-encoded, JSON-escaped."""
+    quoted = quote(token, safe="")
+    return [token, quoted, json.dumps(token)[1:-1], json.dumps(token)[1:-1].replace("/", "\\/"),
+            re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)]
 
 
 class TestABrokerThatEchoesTheBearerToken:
@@ -592,8 +604,20 @@ class TestABrokerThatEchoesTheBearerToken:
         shown = [*_shown_by(error), caplog.text,
                  *(str(getattr(error, key, "")) for key in ("detail", "reason", "code"))]
         for text in shown:
-            for form in (token, quote(token, safe=""), json.dumps(token)[1:-1]):
+            for form in _echoed_forms(token):
                 assert form not in text, f"{echo}: the token shows in: {text}"
+
+    @pytest.mark.parametrize("echo", _ECHOES[-2:])
+    def test_a_token_echoed_with_escaped_slashes_or_lowercase_escapes_is_masked(
+            self, echoing_broker: _EchoingBroker, echo: tuple[int, str, str]) -> None:
+        token = "Zq9abc/def+ghi/jkl=="
+        echoing_broker.status, echoing_broker.content_type, echoing_broker.template = echo
+        with qs.Queen(echoing_broker.url, bearer_token=token, renew_thread=False, backoff=0,
+                      timeout=5) as q, pytest.raises(qs.QueenError) as failed:
+            q.kv.get("ns", "x")
+        for text in _shown_by(failed.value):
+            assert not any(form in text for form in _echoed_forms(token)), text
+            assert "Zq9abc" not in text, f"{echo}: the token shows in: {text}"
 
     def test_a_short_token_is_masked_where_it_stands_and_garbles_nothing_else(
             self, echoing_broker: _EchoingBroker) -> None:

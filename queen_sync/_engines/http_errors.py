@@ -110,6 +110,13 @@ _LONG_TOKEN = 8
 _TOKEN_CHARACTER = r"[\w.~+/=%-]"
 
 
+def _any_case_escapes(token: str) -> str:
+    """A pattern for ``token`` percent-encoded, its hex digits in either case."""
+    parts = re.split("(%[0-9A-F]{2})", quote(token, safe=""))
+    return "".join(f"(?i:{part})" if part.startswith("%") else re.escape(part)
+                   for part in parts if part)
+
+
 def token_scrubber(response: requests.Response) -> Callable[[str], str]:
     """Masks the bearer token the request carried wherever the answer quotes it back.
 
@@ -121,9 +128,10 @@ def token_scrubber(response: requests.Response) -> Callable[[str], str]:
     if not isinstance(auth, str) or auth[:7].lower() != "bearer " or not auth[7:].strip():
         return lambda text: text
     token = auth[7:].strip()
-    forms = sorted({token, quote(token, safe=""), json.dumps(token)[1:-1]}, key=len,
-                   reverse=True)
-    pattern = "|".join(re.escape(form) for form in forms)
+    escaped = json.dumps(token)[1:-1]
+    # JSON may escape '/' as '\/' (PHP, some Java), and percent-escapes come in either case.
+    forms = sorted({token, escaped, escaped.replace("/", "\\/")}, key=len, reverse=True)
+    pattern = "|".join([*(re.escape(form) for form in forms), _any_case_escapes(token)])
     if len(token) < _LONG_TOKEN:
         found = re.compile(f"((?i:bearer)(?:\\s+|%20|\\+))(?:{pattern})(?!{_TOKEN_CHARACTER})")
         return lambda text: found.sub(r"\1***", text)
