@@ -276,6 +276,23 @@ class TestABrokerStoppedOrMisbuilt:
         assert caught.value.status == 500 and "clock" in str(caught.value), caught.value
 
 
+class TestADelayPastTheReadTimeout:
+    @pytest.mark.parametrize("kind", [FakeBroker, LocalBroker])
+    def test_the_client_gives_up_at_its_timeout_and_the_call_lands_late_on_either_broker(
+            self, kind: Any) -> None:
+        with kind() as broker, broker.client(timeout=(1, 0.3), call_timeout=0.8,
+                                            backoff=0) as q:
+            broker.faults.delay_next(1, seconds=1.0, route="kv")
+            started = time.monotonic()
+            with pytest.raises(qs.EngineUnavailableError):
+                q.kv.incr("app", "n", forever=True)
+            gave_up = time.monotonic() - started
+            time.sleep(1.2)
+            landed = q.kv.get("app", "n")
+        assert gave_up < 0.9, f"the client waited {gave_up:.2f}s past its 0.3s read timeout"
+        assert landed and landed["value"] == 1, f"the delayed call did not land: {landed}"
+
+
 class TestPausedHolders:
     def test_a_paused_holder_still_believes_but_its_guarded_write_is_fenced(
         self, fake: FakeBroker

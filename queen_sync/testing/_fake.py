@@ -7,6 +7,7 @@ file, whenever that session was made. Other URLs go to the network as usual.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import threading
@@ -18,6 +19,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 from urllib3.exceptions import ProtocolError as Urllib3ProtocolError
+from urllib3.util import Timeout as SocketTimeout
 
 from ._core import FAULT_KINDS, BrokerStopped, BrokerTools, Fault, Reply
 
@@ -80,24 +82,58 @@ class FakeBroker(BrokerTools):
             _ROUTER.remove(self._url, transport)
         self._core.close()
 
-    def answer(self, request: requests.PreparedRequest) -> Reply:
-        """The reply to ``request``, faults included; a transport fault raises."""
+    def answer(self, request: requests.PreparedRequest,
+               read_timeout: Optional[float] = None) -> Reply:
+        """The reply to ``request``, faults included; a transport fault raises.
+
+        A delay past ``read_timeout`` raises the client's read timeout when it runs out,
+        and the call lands when the delay ends, as on a broker behind a socket.
+        """
         path = "/" + (request.path_url or "").lstrip("/")
         method = request.method or "POST"
         raw = request.body if isinstance(request.body, bytes) else (request.body or "").encode()
+        headers = dict(request.headers)
         fault = self._core.faults.take(self._core.route_of(path))
+        if fault is not None and fault.kind == "delay" and read_timeout is not None \
+                and fault.seconds > read_timeout:
+            time.sleep(read_timeout)
+            late = threading.Timer(fault.seconds - read_timeout, self._answer_late,
+                                   (method, path, headers, raw))
+            late.daemon = True
+            late.start()
+            raise requests.exceptions.ReadTimeout(
+                f"{request.url}: no answer within {read_timeout}s (a delay injected)")
         if fault is None or fault.kind == "delay":
             if fault is not None:
                 time.sleep(fault.seconds)
-            return self._core.answer(method, path, dict(request.headers), raw)
+            return self._core.answer(method, path, headers, raw)
         if fault.applied:
             self._core.answer(method, path, dict(request.headers), raw)
         if fault.kind == "status":
             return fault.reply()
         raise _transport_fault(fault, request.url or self._url)
 
+    def _answer_late(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> None:
+        """A delayed call whose client gave up: it lands all the same, unless stopped."""
+        with contextlib.suppress(BrokerStopped):
+            self._core.answer(method, path, headers, raw)
+
     def __repr__(self) -> str:
         return f"<FakeBroker {self._url} {'running' if self._transport else 'stopped'}>"
+
+
+def _read_timeout(timeout: Any) -> Optional[float]:
+    """How long the client waits for an answer, as ``requests`` passes it on: a number, a
+    (connect, read) pair, or urllib3's ``Timeout`` (which counts a total too); None: forever."""
+    if isinstance(timeout, tuple):
+        timeout = timeout[1]
+    if isinstance(timeout, SocketTimeout):
+        timer = timeout.clone()
+        timer.start_connect()  # connected at once: no socket to wait for
+        timeout = timer.read_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return None
+    return float(timeout)
 
 
 class _Transport(BaseAdapter):
@@ -111,7 +147,7 @@ class _Transport(BaseAdapter):
              timeout: Any = None, verify: Any = True, cert: Any = None,
              proxies: Any = None) -> requests.Response:
         try:
-            reply = self._broker.answer(request)
+            reply = self._broker.answer(request, _read_timeout(timeout))
         except BrokerStopped:  # stopped while this call was in flight: it reaches nothing
             raise requests.exceptions.ConnectionError(
                 f"{request.url}: the broker stopped while the call was in flight") from None
