@@ -1082,11 +1082,11 @@ class Lock(ProcessBound):
     def __exit__(self, *exc_info: Any) -> None:
         frame = _suspendable(sys._getframe(1))
         with interrupts_held():
-            if frame is not None and self._forget_stale(frame):
+            if frame is not None and not self._opened_in(frame) and self._forget_stale(frame):
                 return  # its lease was given back when another thread took the handle over
             if self._blocks > 0 and self._generation == forks.generation:
                 # From any thread: a generator suspended in the block may be closed elsewhere.
-                self._exit_block()
+                self._exit_block(frame)
             else:
                 self.release()  # an exit with no block open: the caller's explicit intent
 
@@ -1220,11 +1220,20 @@ class Lock(ProcessBound):
                         "itself", self.name, exc_info=True)
 
     @bookkeeping
-    def _exit_block(self) -> None:
+    def _exit_block(self, frame: Optional[FrameType] = None) -> None:
+        """Count out the latest block opened in ``frame`` (blocks of two generators may
+        close in any order), and the outermost's lease."""
         with interrupts_held():
-            if self._contexts:
-                _reset_current(self._contexts.pop()[0])
+            entries = self._contexts
+            if entries:
+                index = next((i for i in range(len(entries) - 1, -1, -1)
+                              if entries[i][1] is frame), len(entries) - 1)
+                _reset_current(entries.pop(index)[0])
             self._leave(release=True)
+
+    def _opened_in(self, frame: FrameType) -> bool:
+        """Whether a block open now (not a stale one) was entered in ``frame``."""
+        return any(opened is frame for _, opened in self._contexts)
 
     def _leave(self, *, release: bool) -> None:
         """Count one block out; the outermost exit releases and lets the next thread in."""

@@ -318,6 +318,68 @@ class TestBlocksOutlivingTheirThread:
         assert not lock.in_block and not held_on_engine(mq, "stale"), (
             "the new owner's exit must release")
 
+    def test_blocks_closed_out_of_order_leave_the_right_one_stale(self, mq: qs.Queen) -> None:
+        lock = mq.lock("order", ttl=30)
+
+        def suspended_inside() -> Any:
+            with lock:
+                yield
+
+        first, second = suspended_inside(), suspended_inside()
+
+        def open_both_close_the_first() -> None:
+            next(first)
+            next(second)
+            first.close()  # the first block out first; the thread ends inside the second
+
+        starter = threading.Thread(target=open_both_close_the_first)
+        starter.start()
+        starter.join(5)
+        inside, leave = threading.Event(), threading.Event()
+
+        def new_owner() -> None:
+            with lock:
+                inside.set()
+                leave.wait(5)
+
+        owner = threading.Thread(target=new_owner)
+        owner.start()
+        assert inside.wait(5), "setup: the new owner did not get in"
+        second.close()
+        try:
+            assert lock.in_block and lock.held, f"the stale block's exit counted out: {lock!r}"
+            assert not mq.lock("order", ttl=30).acquire(), "a rival took it under the new owner"
+        finally:
+            leave.set()
+            owner.join(5)
+        assert not lock.in_block and not held_on_engine(mq, "order")
+
+    def test_a_block_nested_later_in_a_stale_generator_gives_its_lease_back(
+        self, mq: qs.Queen
+    ) -> None:
+        lock = mq.lock("inner", ttl=30)
+        steps: list[Any] = []
+
+        def suspended_inside() -> Any:
+            with lock:
+                yield
+                with lock:  # after the takeover: the outermost live block, a lease of its own
+                    steps.append(lock.held)
+                yield
+
+        stale = suspended_inside()
+        starter = threading.Thread(target=next, args=(stale,))
+        starter.start()
+        starter.join(5)
+        with lock:  # takes the handle over, then leaves
+            pass
+        next(stale)
+        assert steps == [True], steps
+        assert not lock.in_block and not held_on_engine(mq, "inner"), (
+            f"the inner block's lease outlived it: {lock!r}")
+        stale.close()
+        assert not lock.in_block and not held_on_engine(mq, "inner")
+
     def test_a_block_left_open_by_a_dead_thread_is_abandoned_when_another_enters(
         self, mq: qs.Queen
     ) -> None:
