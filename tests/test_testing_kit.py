@@ -333,6 +333,14 @@ class TestPausedHolders:
                 assert not client.lock("job", ttl=30).acquire(), "its permit was touched"
                 lock.release()
 
+    def test_a_lock_whose_client_spells_the_brokers_url_otherwise_is_paused(self) -> None:
+        with LocalBroker() as broker, qs.Queen(broker.url.replace("127.0.0.1", "localhost"),
+                                               renew_thread=False) as q:
+            old = q.lock("export", ttl=30)
+            assert old.acquire()
+            with broker.paused(old):
+                assert q.lock("export", ttl=30).acquire(), "its permit is over on the broker"
+
     def test_a_renew_in_flight_lands_before_the_pause_so_the_handle_notices_nothing(
         self, fake: FakeBroker
     ) -> None:

@@ -365,13 +365,16 @@ class BrokerCore:
             answer["results"] = [{**r, "index": i} for i, r in enumerate(flat)]
         return answer
 
-    def expire(self, name: str, token: int) -> bool:
-        """End the permit of ``name`` at ``token`` now, as if its lease had run out."""
+    def expire(self, name: str, token: int, owner: Optional[str] = None) -> bool:
+        """End the permit of ``name`` at ``token`` (of ``owner``, when given) now, as if its
+        lease had run out."""
         with self._mutex, self.engine.storage.atomic() as txn:
             now = txn.now_ms()
             rows = txn.read_prefix(LOCKS_NS, name + "#", after=None, limit=4096, now_ms=now)
             for row in rows:
-                if row.version == token:
+                value = row.value
+                if row.version == token and (owner is None or (
+                        isinstance(value, dict) and value.get("owner") == owner)):
                     row.expires_at = now
                     txn.write(row)
                     return True
@@ -488,8 +491,9 @@ class BrokerTools(abc.ABC):
         # A renew in flight lands first: its answer may carry a new token, or the loss.
         lock.await_renewal()
         token = lock._token
-        ours = lock.engine_url.rstrip("/") == self.url.rstrip("/")
-        if token is None or not (ours and self.core.expire(lock.name, token)):
+        # The owner, minted per handle, tells this broker's permit from another store's,
+        # however the client spelled the broker's URL.
+        if token is None or not self.core.expire(lock.name, token, lock.owner):
             if token is not None:
                 renewer.register(lock)
             raise ValueError(
