@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -316,6 +317,68 @@ class TestBlocksOutlivingTheirThread:
             owner.join(5)
         assert seen[1] == (True, True, seen[0]), f"the new owner's block changed: {seen}"
         assert not lock.in_block and not held_on_engine(mq, "stale"), (
+            "the new owner's exit must release")
+
+    @pytest.mark.parametrize("entered_by", ["an ExitStack", "a wrapper class", "helper calls"])
+    def test_a_dead_threads_block_entered_through_a_wrapper_leaves_the_new_owners_alone(
+        self, mq: qs.Queen, entered_by: str
+    ) -> None:
+        lock = mq.lock("wrapped", ttl=30)
+
+        class Wrapper:
+            def __enter__(self) -> qs.Lock:
+                return lock.__enter__()
+
+            def __exit__(self, *exc_info: Any) -> None:
+                lock.__exit__(*exc_info)
+
+        def hold() -> None:
+            lock.__enter__()
+
+        def drop() -> None:
+            lock.__exit__(None, None, None)
+
+        def suspended_inside() -> Any:
+            if entered_by == "an ExitStack":
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(lock)
+                    yield
+            elif entered_by == "a wrapper class":
+                with Wrapper():
+                    yield
+            else:
+                hold()
+                try:
+                    yield
+                finally:
+                    drop()
+
+        stale = suspended_inside()
+        starter = threading.Thread(target=next, args=(stale,))
+        starter.start()
+        starter.join(5)
+        assert lock.held, "setup: the dead thread's block took the lease"
+        inside, leave = threading.Event(), threading.Event()
+
+        def new_owner() -> None:
+            with lock:
+                inside.set()
+                leave.wait(5)
+
+        owner = threading.Thread(target=new_owner)
+        owner.start()
+        assert inside.wait(5), "setup: the new owner did not get in"
+        stale.close()  # the old block's exit, through the wrapper, long after its thread ended
+        try:
+            assert lock.in_block and lock.held, (
+                f"the stale block's exit through {entered_by} counted out the new owner's: "
+                f"{lock!r}")
+            assert not mq.lock("wrapped", ttl=30).acquire(), (
+                "a rival took the lock under the new owner's block")
+        finally:
+            leave.set()
+            owner.join(5)
+        assert not lock.in_block and not held_on_engine(mq, "wrapped"), (
             "the new owner's exit must release")
 
     def test_blocks_closed_out_of_order_leave_the_right_one_stale(self, mq: qs.Queen) -> None:
