@@ -90,12 +90,29 @@ CREATE TABLE IF NOT EXISTS queen_kv (
     prev_version INTEGER,
     PRIMARY KEY (ns, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS queen_kv_expiry ON queen_kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS queen_kv_value_expiry ON queen_kv (expires_at)
+    WHERE expires_at IS NOT NULL AND ns <> '{locks}';
+DROP INDEX IF EXISTS queen_kv_expiry;
 CREATE TABLE IF NOT EXISTS queen_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO queen_meta (name, value) VALUES ('version', 0);
-"""
-
-_SCHEMA_OBJECTS = ("queen_kv", "queen_kv_expiry", "queen_meta")
+""".replace("{locks}", LOCKS_NS)
+# Every acquire, renew and release rewrites its permit's expiry, so an index over the
+# permits' expiry costs each of them one more page: values keep theirs, and expired permits
+# are swept by walking the locks' keys (``_SqliteTxn.sweep``). Stores made with the old
+# index over every row lose it at their first opening by a client of this schema.
+_SCHEMA_OBJECTS = ("queen_kv", "queen_kv_value_expiry", "queen_meta")
+_OLD_INDEX = "queen_kv_expiry"
+_SWEPT_PER_PASS = 256
+SWEEP_VALUES = (
+    "DELETE FROM queen_kv WHERE (ns, key) IN (SELECT ns, key FROM queen_kv"
+    f" WHERE expires_at IS NOT NULL AND ns <> '{LOCKS_NS}' AND expires_at <= ?"
+    f" LIMIT {_SWEPT_PER_PASS})")
+_PERMITS_WINDOW_END = (
+    "SELECT key FROM queen_kv WHERE ns = ? AND key > ? ORDER BY key"
+    f" LIMIT 1 OFFSET {_SWEPT_PER_PASS - 1}")
+_SWEEP_PERMITS_TO = ("DELETE FROM queen_kv WHERE ns = ? AND key > ? AND key <= ?"
+                     " AND expires_at <= ?")
+_SWEEP_PERMITS_TO_THE_END = "DELETE FROM queen_kv WHERE ns = ? AND key > ? AND expires_at <= ?"
 _COLUMNS = "ns, key, value, version, expires_at, created_at, updated_at, prev_version"
 _SWEEP_EVERY = 512
 # Seconds close() waits for a call in flight to free the connection before it leaves the
@@ -291,12 +308,17 @@ class _SqliteTxn:
             self._store_counter()
         self._conn.execute("COMMIT")
 
-    def sweep(self, now_ms: int) -> None:
-        self._conn.execute(
-            "DELETE FROM queen_kv WHERE (ns, key) IN (SELECT ns, key FROM queen_kv"
-            " WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 256)",
-            (now_ms,),
-        )
+    def sweep(self, now_ms: int, permits_after: str) -> str:
+        """Delete expired values, and the expired permits of the next window of lock keys
+        after ``permits_after``; where the next window begins ("" once past the last)."""
+        conn = self._conn
+        conn.execute(SWEEP_VALUES, (now_ms,))
+        end = conn.execute(_PERMITS_WINDOW_END, (LOCKS_NS, permits_after)).fetchone()
+        if end is None:
+            conn.execute(_SWEEP_PERMITS_TO_THE_END, (LOCKS_NS, permits_after, now_ms))
+            return ""
+        conn.execute(_SWEEP_PERMITS_TO, (LOCKS_NS, permits_after, end[0], now_ms))
+        return str(end[0])
 
 
 class _LoneReleaseTxn(_SqliteTxn):
@@ -443,6 +465,7 @@ class SqliteStorage:
         self._mutex = threading.Lock()
         self._closed = False
         self._calls = 0
+        self._permits_swept_to = ""  # the lock key the next sweep's window starts after
         self._identity: Optional[tuple[int, int]] = None
         self._sides: SideFiles = ()
         self._anchor: Optional[FileKey] = None  # the file this client's connection anchors
@@ -520,7 +543,7 @@ class SqliteStorage:
             # A write transaction would queue behind every other process's writes; a client
             # opening a file already set up (a forked child, say) needs none.
             if not _has_schema(conn):
-                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+                _make_schema(conn)
         except BaseException:
             _rollback(conn)
             conn.close()
@@ -812,7 +835,7 @@ class SqliteStorage:
     def _commit(self, txn: _SqliteTxn) -> None:
         self._calls += 1
         if self._calls % _SWEEP_EVERY == 0:
-            txn.sweep(txn.now_ms())
+            self._permits_swept_to = txn.sweep(txn.now_ms(), self._permits_swept_to)
         if not self._intact():  # a commit into an unlinked file would be seen by nobody
             self._check_identity()
         txn.commit()
@@ -886,11 +909,30 @@ def _anchored(path: str) -> FileKey:
 
 
 def _has_schema(conn: sqlite3.Connection) -> bool:
-    marks = ",".join("?" * len(_SCHEMA_OBJECTS))
-    (found,) = conn.execute(
-        f"SELECT count(*) FROM sqlite_master WHERE name IN ({marks})", _SCHEMA_OBJECTS
-    ).fetchone()
-    return int(found) == len(_SCHEMA_OBJECTS)
+    """Whether the store has this schema's objects and not the index it replaced."""
+    return _schema_objects(conn) == set(_SCHEMA_OBJECTS)
+
+
+def _schema_objects(conn: sqlite3.Connection) -> set[str]:
+    names = (*_SCHEMA_OBJECTS, _OLD_INDEX)
+    marks = ",".join("?" * len(names))
+    return {name for (name,) in conn.execute(
+        f"SELECT name FROM sqlite_master WHERE name IN ({marks})", names)}
+
+
+def _make_schema(conn: sqlite3.Connection) -> None:
+    """Make the schema, or move a store made with the old expiry index to the new one.
+
+    A store made by an earlier release that this process may only read keeps its old
+    index: every call works with it, only writes are slower, and reads must still answer.
+    """
+    try:
+        conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+    except sqlite3.OperationalError as exc:
+        _rollback(conn)
+        earlier = {"queen_kv", "queen_meta", _OLD_INDEX}
+        if not (_is_read_only(exc) and earlier <= _schema_objects(conn)):
+            raise
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
