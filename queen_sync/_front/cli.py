@@ -33,7 +33,7 @@ from .._errors import EngineError, QueenError, RequestError
 from .._ops import MAX_LIMIT, MAX_TOKEN
 from .._results import describe_holders
 from .._version import __version__
-from .cli_child import Child, StopRequested, StopSignals, relays_stdout
+from .cli_child import Child, StopRequested, StopSignals, hold_closed_stdio, relays_stdout
 from .singleton import LOST_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -337,6 +337,7 @@ class _OneLine(logging.Formatter):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the process exit code."""
+    hold_closed_stdio()  # first: before anything opens a descriptor
     words = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in words and _subcommand(words[:words.index("--")]) == "run":

@@ -468,11 +468,31 @@ def relays_stdout() -> bool:
 
     A terminal stays the command's own (it may ask ``isatty``); a person reads it there.
     """
+    if sys.__stdout__ is None:  # closed when Python started: the command gets it closed too
+        return False
     try:
         os.fstat(_STDOUT)
-    except OSError:  # closed: the command gets it closed too
+    except OSError:
         return False
     return not os.isatty(_STDOUT)
+
+
+def hold_closed_stdio() -> None:
+    """Put ``/dev/null`` on each of stdin, stdout and stderr that is closed, kept from the
+    command (close-on-exec), which gets it closed as this process was given it.
+
+    Else the next descriptor opened (the engine's socket, the database file) takes its
+    number, and what is written to that stream goes into it: a command's output relayed
+    into the broker's connection, which drops it, and the command dies of SIGPIPE.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            if held != fd:  # a lower number came free meanwhile: move it into place
+                os.dup2(held, fd, inheritable=False)
+                os.close(held)
 
 
 # Linux lists a group's members in /proc; elsewhere only "is anybody left" can be asked.

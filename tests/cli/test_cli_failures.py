@@ -195,6 +195,56 @@ class TestAStdoutThatCannotBeWritten:
         assert done.returncode == 0 and done.stderr == "", done
 
 
+# The command writes what it sees of its stdio to ``marker``, after output and a pause in
+# which the engine's connection is open (and, with a closed stdout, would be fd 1).
+_STDIO_REPORTER = (
+    "import os, sys, time\n"
+    "time.sleep(0.3)\n"
+    "for line in range(3):\n"
+    "    try:\n"
+    "        os.write(1, b'log line\\n')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "seen = []\n"
+    "for fd in (0, 1, 2):\n"
+    "    try:\n"
+    "        os.fstat(fd)\n"
+    "        seen.append('open')\n"
+    "    except OSError:\n"
+    "        seen.append('closed')\n"
+    "open(sys.argv[1], 'w').write(' '.join(seen))\n")
+
+
+class TestAStdioStreamClosedAtStart:
+    """A descriptor the command line opens (its engine's socket, its database file) must
+    not take the number of a closed stdin, stdout or stderr: writes meant for them would go
+    into it."""
+
+    @pytest.mark.parametrize("closed", ["1", "2", "0 1 2"])
+    @pytest.mark.parametrize("engine", ["sqlite", "http"])
+    def test_the_command_runs_to_its_end_sees_them_closed_and_the_lease_is_released(
+            self, cli: Cli, sqlite_url: str, tmp_path: Any, closed: str, engine: str) -> None:
+        marker = tmp_path / "seen"
+        with contextlib.ExitStack() as stack:
+            url = sqlite_url
+            if engine == "http":
+                url = stack.enter_context(LocalBroker(sqlite_url[len("sqlite://"):])).url
+            closing = " ".join(f"{fd}>&-" if fd != "0" else "<&-" for fd in closed.split())
+            argv = ["sh", "-c", f'exec "$@" {closing}', "sh", *QUEEN_SYNC, "--url", url,
+                    "run", "job", "--ttl", "30s", "--json", "--", sys.executable, "-c",
+                    _STDIO_REPORTER, str(marker)]
+            done = subprocess.run(argv, capture_output=True, text=True, env=cli.env,
+                                  timeout=60, check=False)
+            assert done.returncode == 0, (
+                f"the command was cut short: exit {done.returncode}, {done.stderr!r}")
+            assert marker.read_text() == " ".join(
+                "closed" if str(fd) in closed.split() else "open" for fd in range(3)), (
+                f"the command's stdio is not as queen-sync was given it: {marker.read_text()}")
+            assert "Bad file descriptor" not in done.stderr, done.stderr
+            with qs.Queen(url) as q:
+                assert not q.locks.get("job"), "the lease was not released"
+
+
 class TestEveryMessageOnOneLine:
     """The command line's stderr is one line per message, whatever a driver or log says."""
 
