@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 import queen_sync as qs
@@ -28,12 +29,22 @@ def fenced_out(what: str, presented: int, current: Optional[int]) -> qs.FencedOu
         presented=presented, current=current)
 
 
+# C0, DEL and C1: what a KV key (the progress checkpoint's) and a lock name refuse.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def check_name(name: Any) -> str:
+    """A partition name every sink and the progress key can store: refused whole up front,
+    never halfway through a run."""
     if not isinstance(name, str):
         raise TypeError(f"a partition name must be a str, got {type(name).__name__}")
-    bad = (not name or name.startswith(".") or "/" in name or "\\" in name or "\0" in name
-           or len(name.encode("utf-8")) > 200)
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: no file name, key or row can hold it
+        raise ValueError(f"partition name {name!r} is not valid UTF-8") from None
+    bad = (not name or name.startswith(".") or "/" in name or "\\" in name
+           or _CONTROL.search(name) is not None or size > 200)
     if bad:
         raise ValueError(f"partition name {name!r} must be 1..200 bytes, not start with '.', "
-                         "and contain no path separator")
+                         "and contain no path separator or control character")
     return name

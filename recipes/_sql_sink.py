@@ -33,9 +33,10 @@ class FencedTable:
 
     Args:
         client: the client; its engine must offer ``user_table_fencing`` (PostgreSQL).
-        conn: a psycopg 3 connection to the same database (one thread at a time). A
-            write runs in ``conn.transaction()``: its own transaction, or a savepoint
-            of one the caller has open (then it commits with the caller's).
+        conn: a psycopg 3 connection to the same database (one thread at a time). Each
+            write is a transaction of its own, committed before it returns: one with a
+            transaction open (psycopg opens one at the first statement unless the
+            connection is in autocommit) is refused until that transaction ends.
         table: ``"name"`` or ``"schema.name"``, created by you, with a primary key or a
             unique constraint on the ``key`` column.
         key: the column of the partition's name (the primary key or a unique one).
@@ -84,11 +85,13 @@ class FencedTable:
             FencedOutError: the lock's permit moved on or lapsed (nothing is written), or
                 the row already carries a higher token.
             TypeError: no ``lock`` given (the fence needs the handle, not just a token).
+            ValueError: ``conn`` has a transaction open (nothing is written).
         """
         check_name(name)
         check_token(token)
         if lock is None:
             raise TypeError("FencedTable.write needs lock= (its fence is checked in the database)")
+        self._refuse_an_open_transaction(name)
         try:
             with self.conn.transaction():
                 lock.fence(self.conn)
@@ -97,6 +100,19 @@ class FencedTable:
                     raise fenced_out(f"{self.table}/{name}", token, self._row_token(name))
         except qs.LockLostError as exc:
             raise fenced_out(f"{self.table}/{name}", token, self._newer(name, lock)) from exc
+
+    def _refuse_an_open_transaction(self, name: str) -> None:
+        """Inside the caller's transaction the write would commit only with it: an export
+        would checkpoint the partition as finished first (a rollback then loses it), and the
+        fence would hold the lock's row until then, blocking its renewals and release."""
+        from psycopg.pq import TransactionStatus
+
+        status = self.conn.info.transaction_status
+        if status != TransactionStatus.IDLE:
+            raise ValueError(
+                f"FencedTable cannot write {name!r}: its connection has a transaction open "
+                f"({status.name}); each write commits on its own, so commit or roll back "
+                "first, or use a connection in autocommit")
 
     def _newer(self, name: str, lock: qs.Lock) -> Optional[int]:
         """The token that superseded this write: the lock's holder now, else the row's."""

@@ -74,6 +74,8 @@ log = logging.getLogger("queen_sync.recipes")
 
 _MAX_KEY_BYTES = 1024  # the longest KV key every engine accepts
 _MAX_PARTITION_BYTES = 200  # the longest partition name (check_name)
+# A read finding its version removed lists again: each removal means a newer one is there.
+_READ_TRIES = 64
 
 #: Where export progress is checkpointed: ``<export name>/<partition>`` per finished partition.
 #: A partition name never contains ``/``, so the key's last ``/`` ends the export's name.
@@ -90,6 +92,10 @@ class FencedSink(Protocol):
 
 class FencedDirectory:
     """A directory that refuses writes fenced below the highest token it has accepted.
+
+    Give each export (each lock name) a directory of its own: the mark is one for every
+    name written here, and tokens of different locks come from one counter, so a second
+    export writing into it would fence the first one out although it still holds its lock.
 
     Args:
         path: the directory (created if missing). ``.fence/`` and ``.tmp/`` inside it
@@ -169,7 +175,11 @@ class FencedDirectory:
         return found
 
     def files(self) -> dict[str, tuple[int, Path]]:
-        """Every name in the directory with its winning (highest-token) version."""
+        """Every name in the directory with its winning (highest-token) version.
+
+        A writer publishing a newer version removes the older one, so a path listed here
+        may be gone when opened: ``read(name)`` looks again.
+        """
         best: dict[str, tuple[int, Path]] = {}
         for entry in os.listdir(self.path):
             stem, _, tail = entry.rpartition("@")
@@ -183,10 +193,17 @@ class FencedDirectory:
         Raises:
             FileNotFoundError: nothing was ever published as ``name``.
         """
-        versions = self._versions(check_name(name))
-        if not versions:
-            raise FileNotFoundError(f"{name!r} was never published in {self.path}")
-        return max(versions, key=lambda pair: pair[1])[0].read_bytes()
+        check_name(name)
+        for _ in range(_READ_TRIES):
+            versions = self._versions(name)
+            if not versions:
+                raise FileNotFoundError(f"{name!r} was never published in {self.path}")
+            try:
+                return max(versions, key=lambda pair: pair[1])[0].read_bytes()
+            except FileNotFoundError:
+                continue  # a newer version was published, and this one removed, meanwhile
+        raise FileNotFoundError(f"{name!r} in {self.path} was replaced by a newer version "
+                                f"{_READ_TRIES} times while being read; read it again")
 
     def __repr__(self) -> str:
         return f"<FencedDirectory {str(self.path)!r} token={self.token()}>"
@@ -236,7 +253,7 @@ class FencedKv:
         """Store ``data`` (JSON) at ``prefix + name`` if ``lock`` still holds its permit.
 
         ``name`` follows the rule of every fenced sink: 1..200 UTF-8 bytes, not starting
-        with ``.``, without ``/``, ``\\`` or NUL.
+        with ``.``, without ``/``, ``\\``, NUL or another control character.
 
         Raises:
             FencedOutError: the lock's permit moved on (another holder) or is gone.
@@ -354,7 +371,8 @@ class FencedExport:
         Each partition is produced under the token current when it starts, written
         with that token, then checkpointed (guarded). Every partition name is checked
         before the lock is taken, by the rule every fenced sink shares (1..200 UTF-8
-        bytes, not starting with ``.``, without ``/``, ``\\`` or NUL).
+        bytes, not starting with ``.``, without ``/``, ``\\``, NUL or another control
+        character).
 
         Returns:
             an ``ExportReport``; ``acquired`` is False when another holder has the lock.

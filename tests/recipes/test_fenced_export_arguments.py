@@ -58,6 +58,26 @@ class TestRunWithAPartitionListedTwice:
             f"the refusal does not name {twice}: {refused.value}")
 
 
+class TestRunWithAPartitionNoSinkCanStore:
+    """A name the progress key or a sink would refuse halfway (after earlier partitions
+    were written, with this one published) is refused before the lock is taken."""
+
+    @settings(max_examples=30, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(bad=st.builds(lambda head, control, tail: head + control + tail,
+                         st.text("ab-0", max_size=5),
+                         st.sampled_from(["\t", "\n", "\x1b", "\x7f", "\x85", "\ud800"]),
+                         st.text("ab-0", max_size=5)))
+    def test_a_control_character_or_a_lone_surrogate_is_refused_naming_it(
+            self, client: qs.Queen, bad: str) -> None:
+        sink = ListSink()
+        export = FencedExport(client, "sales", sink, ttl=30)
+        with pytest.raises(ValueError) as refused:
+            export.run(["2024-01-01", bad, "2024-01-03"], str)
+        _assert_untouched(client, export, sink)
+        assert repr(bad) in str(refused.value), f"the refusal does not name it: {refused.value}"
+
+
 class TestALeaseLostBetweenTwoPartitions:
     def test_is_raised_as_the_fenced_out_error_the_docs_promise_and_the_next_is_not_written(
             self, faulty_mq: qs.Queen, sqlite_faults: FaultyEngine, clock: ManualClock) -> None:

@@ -104,6 +104,32 @@ class TestWritingUnderTheLock:
         assert rows == {}, f"a refused call wrote {rows}"
 
 
+class TestAConnectionWithATransactionOpen:
+    """A write inside the caller's open transaction would be checkpointed as finished
+    before that transaction commits, and its fence would hold the lock's row (blocking
+    renewals and the release) until it ends: a rollback then loses the partitions."""
+
+    def test_an_export_is_refused_before_anything_is_written_and_loses_nothing(
+            self, engine_on_pg: str, pg_url: str, user_table: str) -> None:
+        from queen_sync.recipes.fenced_export import FencedExport
+
+        with qs.Queen(engine_on_pg) as q, psycopg.connect(pg_url) as conn:
+            conn.execute("SELECT 1")  # psycopg's default: this opened the caller's transaction
+            table = FencedTable(q, conn, user_table)
+            export = FencedExport(q, "nightly", table, ttl=30)
+            started = time.monotonic()
+            with pytest.raises(ValueError, match="transaction"):
+                export.run(["d1", "d2"], lambda part: {"part": part})
+            assert time.monotonic() - started < 5, "the refusal waited on the fence's lock"
+            conn.rollback()
+            assert export.finished() == [], "a partition was checkpointed, never written"
+            assert not q.locks.get("nightly"), "the refused export kept the lock"
+            assert table.rows() == {}
+            report = export.run(["d1", "d2"], lambda part: {"part": part})
+            assert report.written == ["d1", "d2"], report
+            assert set(table.rows()) == {"d1", "d2"} and export.finished() == ["d1", "d2"]
+
+
 class TestAnExporterStalledMidExportAndReplaced:
     @pytest.mark.realtime
     def test_its_late_write_is_refused_and_every_partition_ends_up_once_with_the_newest_token(
