@@ -465,6 +465,10 @@ class KvOps:
     @staticmethod
     def get_many(ns: str, keys: Sequence[str]) -> dict[str, Any]:
         """A ``getMany`` op: read up to 1000 keys as one snapshot."""
+        if isinstance(keys, (str, bytes, Mapping)):
+            # One str iterates as its characters: "config" would read c, o, n, f, i and g.
+            raise TypeError(f"keys must be a list of str, not one {type(keys).__name__} "
+                            f"({keys!r:.60}); pass [{keys!r:.60}]")
         return dict(check_kv_op({"op": "getMany", "ns": ns, "keys": list(keys)}))
 
     @staticmethod

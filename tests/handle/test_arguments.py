@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -394,3 +394,28 @@ class TestFlagsAreBools:
         with pytest.raises(TypeError, match=r"(required|keys_only) must be True or False"):
             call(q, flag)
         assert not q.kv.get("n", "k"), "a refused call wrote"
+
+
+class TestTheKeysOfAGetMany:
+    """One str is not a list of keys: read as one, "config" would ask for c, o, n, f, i, g."""
+
+    @pytest.mark.parametrize("keys", ["config", b"config", {"config": 1}],
+                             ids=["str", "bytes", "dict"])
+    @pytest.mark.parametrize("call", [
+        lambda q, keys: q.kv.get_many("n", keys),
+        lambda q, keys: q.kv.op.get_many("n", keys),
+        lambda q, keys: q.transaction().kv.get_many("n", keys),
+    ], ids=["kv", "op", "transaction"])
+    def test_one_str_or_a_mapping_is_a_type_error_naming_it(
+            self, q: qs.Queen, call: Callable[[qs.Queen, Any], Any], keys: Any) -> None:
+        q.kv.put("n", "g", "an unrelated key", forever=True)
+        with pytest.raises(TypeError, match="keys must be"):
+            call(q, keys)
+
+    def test_a_list_or_a_tuple_of_keys_is_read_as_those_keys(self, q: qs.Queen) -> None:
+        q.kv.put("n", "config", 1, forever=True)
+        keys: Sequence[str]
+        for keys in (("config", "other"), ["config", "other"]):
+            answer = q.kv.get_many("n", keys)
+            assert [row["key"] for row in answer["rows"]] == ["config"], answer
+            assert answer["missing"] == ["other"], answer
