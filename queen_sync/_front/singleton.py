@@ -143,9 +143,11 @@ def singleton_job(name: Any = None, *, ttl: Duration = 60, wait: Duration = 0,
         on_busy: ``"skip"`` logs who holds it (owner, since, expires) and returns
             None; ``"raise"`` raises ``LockBusyError`` with the holders; ``"wait"``
             waits up to ``wait`` (required then) and raises ``LockBusyError`` after.
-        on_lost: ``"interrupt"`` raises ``LockLostError`` in the body when it runs in
-            the main thread, or in place of the value when the loss is noticed as the
-            body returns (elsewhere it only logs and sets ``lock.lost``);
+        on_lost: ``"interrupt"`` stops the body when it runs in the main thread, by a
+            ``KeyboardInterrupt`` raised in it (which no ``except Exception`` swallows),
+            and the call raises ``LockLostError`` in its place; a loss noticed as the
+            body returns raises ``LockLostError`` in place of the value (elsewhere it
+            only logs and sets ``lock.lost``);
             ``"exit"`` logs and ends the process with exit code 76; ``"ignore"``
             only sets ``lock.lost``; a callable is called with the lock.
         client: the client; None uses ``queen_sync.default_client()`` at call time.

@@ -404,3 +404,36 @@ class TestAJobLosingItsLeaseWithSigintBlocked:
         assert ended == ["LockLostError"], (
             f"the job ended as {ended} (SIGINT pending at its end: {pending}): the loss's "
             "interrupt, sent while SIGINT was blocked, reached the program after the job")
+
+
+class TestWhatTheBodyOfAJobLosingItsLeaseSees:
+    """Inside the body the interrupt is a ``KeyboardInterrupt``, so a broad ``except
+    Exception`` in the job cannot swallow it and go on without the lease; the call raises
+    ``LockLostError`` in its place. Documented in the how-to and ``singleton_job``."""
+
+    def test_a_keyboard_interrupt_no_except_exception_catches_and_the_caller_a_lock_lost_error(
+            self, mq: qs.Queen, other: qs.Queen, clock: ManualClock) -> None:
+        seen: list[str] = []
+
+        @qs.singleton_job("job", ttl="30s", client=mq)
+        def job() -> str:
+            lock = qs.current_lock()
+            assert lock is not None and lock.token is not None, "setup: no lease held"
+            assert other.locks.release(lock.name, token=lock.token), "setup: release failed"
+            clock.advance(lock.renew_every + 0.1)
+            try:
+                try:
+                    mq.renewer.tick()
+                    for _ in range(2000):  # the interrupt lands here
+                        time.sleep(0.001)
+                except Exception as exc:  # a job's broad handler
+                    seen.append(f"swallowed {type(exc).__name__}")
+            except BaseException as exc:
+                seen.append(type(exc).__name__)
+                raise
+            return "finished"
+
+        with pytest.raises(qs.LockLostError) as raised:
+            job()
+        assert seen == ["KeyboardInterrupt"], seen
+        assert isinstance(raised.value.__cause__, KeyboardInterrupt), repr(raised.value.__cause__)
