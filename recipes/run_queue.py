@@ -453,13 +453,35 @@ class RunQueue:
             txn.kv.put(RUNS_NS, self._key("pending", run_id),
                        {**value, "attempts": attempt, "claim": claim._record()},
                        forever=True, expect=version, required=True)
-            answer = txn.commit()
+            try:
+                answer = txn.commit()
+            except qs.EngineError as exc:
+                if exc.applied is False or not self._counted(run_id, claim):
+                    raise
+                return claim  # it landed, only its answer was lost: this attempt is ours
             if answer:
                 return claim
             if answer.get("failedIndex") == 0 or answer.get("kvReason") != "version":
                 return None  # the lock was lost, or the run completed meanwhile
             value, version = answer["value"], int(answer["version"])
         return None
+
+    def _counted(self, run_id: str, claim: Claim) -> bool:
+        """Whether the run's record carries ``claim`` (its commit landed), read again.
+
+        An answer lost means the attempt may have been counted: taken for failed, it would
+        be spent on a run that never ran (dead-lettered unrun with ``max_attempts=1``).
+        """
+        try:
+            record = self._q.kv.get(RUNS_NS, self._key("pending", run_id))
+        except qs.EngineError:
+            return False
+        value = record.get("value") if record else None
+        if not isinstance(value, dict):
+            return False
+        mark = value.get("claim")
+        return (isinstance(mark, dict) and mark.get("fence") == claim.fence
+                and value.get("attempts") == claim.attempt)
 
     def _dead_letter(self, lock: qs.Lock, run_id: str, value: dict[str, Any],
                      version: int) -> None:
@@ -497,6 +519,9 @@ class RunQueue:
                 ``stop`` is not an event (``is_set()`` and ``wait()``). Before any claim,
                 so no attempt is spent on it.
             TypeError, ValueError: a bad ``poll``, ``holder`` or ``ttl``, before any claim.
+            EngineError: the engine failed a call (``EngineUnavailableError``: out of
+                reach); a claim whose commit's answer was lost is read back, and kept
+                when it landed, so no attempt is spent on a run that did not start.
         """
         check_function(fn, "work()'s fn")
         poll = _check_poll(poll)
