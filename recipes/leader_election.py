@@ -45,7 +45,14 @@ What it guarantees:
     * The campaign thread outlives a failure: an engine error, or one queen_sync does
       not know (logged with its traceback once per streak, on the ``queen_sync.recipes``
       logger), is reported in ``health().last_error`` and retried every renew interval.
-      Only a closed client ends the campaign.
+      A callback that raises anything, ``SystemExit`` and ``KeyboardInterrupt`` included,
+      is logged with its traceback on that logger and reported in ``health().last_error``;
+      its term and the campaign go on. Only a closed client ends the campaign.
+    * ``start()`` after a ``stop()`` whose wait timed out campaigns again, once the stopped
+      campaign has resigned and its ``on_deposed`` has returned.
+    * In a forked child, a copy of the election holds nothing and reports nothing of the
+      parent's term: it is a candidate that has not started (its lease handle belongs to
+      the parent, so a ``start()`` there ends at once, saying so in ``last_error``).
 
 What it does not do:
     * Make two leaders impossible. A leader paused longer than ``ttl`` (a GC
@@ -54,6 +61,8 @@ What it does not do:
       ``q.transaction().guard(election.lock)``, or hand ``election.token`` to a
       sink that refuses a token lower than one it has already accepted.
     * Pick a particular candidate: whoever asks first after the lease frees wins.
+    * Keep ``run()`` going through a callback's ``SystemExit`` or ``KeyboardInterrupt``:
+      on the caller's own thread, those end ``run()`` (it resigns on the way out).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, overload
 
@@ -76,8 +86,10 @@ from ._arbitration import require_arbitration
 from ._callables import check_function
 from ._client_arg import the_client
 from ._leader_watch import (
+    BackgroundLoop,
     Leader,
     LeaderObserver,
+    call_back,
     candidate_owner,
     check_identity,
     read_leader,
@@ -104,10 +116,11 @@ class LeaderHealth:
         renewed_ago: seconds since the acquire or renewal that keeps the lease was sent
             (None when not leading); past one renew interval, renewals are failing.
         renew_every: the renew interval, to judge ``renewed_ago`` by.
-        campaigning: the campaign thread is alive (``start()`` and not yet stopped).
+        campaigning: the campaign thread is alive (``start()`` and not yet stopped),
+            including while a restarted campaign waits for the stopped one to end.
         terms: how many terms this candidate has led.
-        last_error: the last failure the campaign met (the engine's, or an error queen_sync
-            does not know), cleared by the next success.
+        last_error: the last failure the campaign met (the engine's, an error queen_sync
+            does not know, or a callback's), cleared by the engine's next answer.
     """
 
     leading: bool
@@ -195,17 +208,27 @@ class LeaderElection(NotCopied):
         self.retry_every = self.lock.renew_every
         self._on_elected = on_elected
         self._on_deposed = on_deposed
+        self._loops = BackgroundLoop(f"leader-election-{name}", self._campaign,
+                                     on_stop=lambda: self._wake.set())
+        self._forget_terms()
+        self.lock.on_lost(lambda _reason: self._wake.set())
+        _ELECTIONS.add(self)
+
+    def _forget_terms(self) -> None:
+        """The state of a candidate that has not campaigned yet (its thread's events too)."""
         self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._elected = threading.Event()
         self._resigning = False
         self._cooldown_until = 0.0
-        self._thread: Optional[threading.Thread] = None
-        self._starting = threading.Lock()
         self.terms = 0
         self._last_error: Optional[str] = None
         self._unexpected: Optional[Exception] = None  # the last of a streak of unknown errors
-        self.lock.on_lost(lambda _reason: self._wake.set())
+
+    def _forget_after_fork(self) -> None:
+        # The client's own hook has emptied the lease handle; the parent's term, thread
+        # and events are not this process's either.
+        self._loops.forget_after_fork()
+        self._forget_terms()
 
     # ---- what callers read ---------------------------------------------------------------
 
@@ -232,11 +255,10 @@ class LeaderElection(NotCopied):
         lock = self.lock
         token, left = lock.token, lock.remaining
         leading = token is not None
-        thread = self._thread
         return LeaderHealth(
             leading=leading, token=token, seconds_left=left if leading else 0.0,
             renewed_ago=max(0.0, lock.ttl - left) if leading else None,
-            renew_every=self.retry_every, campaigning=thread is not None and thread.is_alive(),
+            renew_every=self.retry_every, campaigning=self._loops.alive,
             terms=self.terms, last_error=self._last_error)
 
     def wait_elected(self, timeout: Optional[float] = None) -> bool:
@@ -249,18 +271,18 @@ class LeaderElection(NotCopied):
         """Campaign until ``stop()``: lead whenever the lease is free. Resigns on the way out.
 
         A ``stop()`` that came before this call is not counted: ``run()`` campaigns again.
+        A callback's ``SystemExit`` or ``KeyboardInterrupt`` ends it, after it resigns.
         """
-        self._stopping.clear()
-        self._campaign()
+        self._loops.run_here()
 
-    def _campaign(self) -> None:
+    def _campaign(self, stopping: threading.Event) -> None:
         try:
-            while not self._stopping.is_set():
+            while not stopping.is_set():
                 pause = self._cooldown_until - time.monotonic()
                 if pause > 0:
-                    self._stopping.wait(pause)
+                    stopping.wait(pause)
                 else:
-                    self._campaign_once()
+                    self._campaign_once(stopping)
         finally:
             if self.lock.held or self._elected.is_set():
                 self._resigning = True
@@ -275,24 +297,23 @@ class LeaderElection(NotCopied):
                         self.identity, self.name, exc)
 
     def start(self) -> LeaderElection:
-        """Campaign on a daemon thread; returns self."""
-        with self._starting:  # starts racing on threads start one campaign on the handle
-            if self._thread is not None and self._thread.is_alive():
-                return self
-            # Cleared here, not on the thread: a stop() right after this returns is kept.
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._campaign,
-                                            name=f"leader-election-{self.name}", daemon=True)
-            self._thread.start()
+        """Campaign on a daemon thread; returns self.
+
+        Starts racing on threads start one campaign on the handle. After a ``stop()``
+        whose wait timed out (its ``on_deposed`` still running, say), that stop still
+        happens, resignation and ``on_deposed`` included, and the campaign goes on right
+        after, on a new thread; ``health().campaigning`` is True from this call on.
+        """
+        self._loops.start()
         return self
 
     def stop(self, timeout: Optional[float] = 5.0) -> None:
-        """Stop campaigning and resign if leading; waits for the campaign thread."""
-        self._stopping.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        """Stop campaigning and resign if leading; waits up to ``timeout`` for the thread.
+
+        A stop whose wait timed out still happens: the campaign resigns when its
+        current step (a callback, say) returns.
+        """
+        self._loops.stop(timeout)
 
     def resign(self) -> bool:
         """Give up leadership now (others may take it); False when not leading.
@@ -306,7 +327,7 @@ class LeaderElection(NotCopied):
         self._wake.set()
         return released
 
-    def _campaign_once(self) -> None:
+    def _campaign_once(self, stopping: threading.Event) -> None:
         """One try for the lease; a term, when won, served to its end inside ``lock.run``.
 
         In the block: ``q.close()`` then marks the lease lost (``"closed"``) as it gives it
@@ -314,17 +335,17 @@ class LeaderElection(NotCopied):
         and the term would notice at the lease's deadline, as ``"expired"``.
         """
         try:
-            won = self.lock.run(self._term).acquired
+            won = self.lock.run(self._term, stopping).acquired
         except qs.EngineError as exc:
             # The engine is unreachable: nobody can be elected through it; try again later.
             log.warning("campaign for %r failed, retrying: %s", self.name, exc)
-            self._failed(exc)
+            self._failed(exc, stopping)
             return
         except qs.QueenError as exc:
             # Not the engine's: a closed client, which no retry mends. The campaign ends.
             log.warning("campaign for %r stops: %s", self.name, exc)
             self._last_error = str(exc)
-            self._stopping.set()
+            stopping.set()
             return
         except Exception as exc:
             # No error queen_sync knows (a custom engine's bug, say): the campaign thread must
@@ -335,12 +356,12 @@ class LeaderElection(NotCopied):
             else:
                 log.warning("campaign for %r failed again, retrying: %r", self.name, exc)
             self._unexpected = exc
-            self._failed(exc)
+            self._failed(exc, stopping)
             return
         if not won:
             self._answered()  # busy: the engine answered, so no failure lasts
 
-    def _term(self) -> None:
+    def _term(self, stopping: threading.Event) -> None:
         """Under the lease just won: start a term if the engine agrees it is ours."""
         self._answered()
         if not self.lock.verify():
@@ -350,29 +371,29 @@ class LeaderElection(NotCopied):
                         self.identity, self.name)
             self._cooldown_until = time.monotonic() + self.retry_every
             return
-        self._serve_term()
+        self._serve_term(stopping)
 
     def _answered(self) -> None:
         if self._unexpected is not None:
             log.info("campaign for %r goes on after %r", self.name, self._unexpected)
         self._last_error, self._unexpected = None, None
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, stopping: threading.Event) -> None:
         self._last_error = str(exc) or repr(exc)
-        self._stopping.wait(self.retry_every)
+        stopping.wait(self.retry_every)
 
-    def _serve_term(self) -> None:
+    def _serve_term(self, stopping: threading.Event) -> None:
         token = self.lock.token
         self.terms += 1
         self._resigning = False
         self._elected.set()
         log.info("%s leads %r with token %s", self.identity, self.name, token)
         if self._on_elected is not None and token is not None:
-            self._call(self._on_elected, token)
-        while self.lock.held and not self._stopping.is_set():
+            self._call("on_elected", self._on_elected, token)
+        while self.lock.held and not stopping.is_set():
             self._wake.wait(max(0.001, self.lock.remaining))
             self._wake.clear()
-        if not self._stopping.is_set():
+        if not stopping.is_set():
             self._end_term()
 
     def _end_term(self) -> None:
@@ -387,14 +408,13 @@ class LeaderElection(NotCopied):
         self._elected.clear()
         log.info("%s no longer leads %r (%s)", self.identity, self.name, reason)
         if self._on_deposed is not None:
-            self._call(self._on_deposed, reason)
+            self._call("on_deposed", self._on_deposed, reason)
 
-    def _call(self, fn: Callable[[Any], Any], arg: Any) -> None:
-        try:
-            fn(arg)
-        except Exception:
-            log.exception("a leader-election callback for %r raised; campaigning goes on",
-                          self.name)
+    def _call(self, what: str, fn: Callable[[Any], Any], arg: Any) -> None:
+        raised = call_back(fn, arg, f"{what} of the election {self.name!r}",
+                           "campaigning goes on")
+        if raised is not None:
+            self._last_error = f"{what} raised {raised!r}"
 
     def __enter__(self) -> LeaderElection:
         return self.start()
@@ -411,14 +431,32 @@ def _mint_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
+_ELECTIONS: weakref.WeakSet[LeaderElection] = weakref.WeakSet()  # to reset after a fork
+
+
+def _forget_parents_terms() -> None:
+    for election in list(_ELECTIONS):
+        try:
+            election._forget_after_fork()
+        except BaseException:  # the next election must still forget its parent's term
+            log.error("resetting %r in a forked child failed; do not use it in this process",
+                      election, exc_info=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_terms)
+
+
 def observe(client: qs.Queen, name: str, *,
             on_new_leader: Optional[Callable[[Leader], Any]] = None,
             every: Duration = 1.0) -> LeaderObserver:
     """Follow the election ``name`` without campaigning; returns the started observer.
 
     ``on_new_leader(leader)`` runs on the observer's thread once per term it sees, in
-    order, each term's token higher than the last. A term that starts and ends between
-    two reads (``every`` apart) is not seen. ``observer.stop()`` (or ``with``) ends it,
-    and a ``wait_for_leader`` under way then returns after one more read.
+    order, each term's token higher than the last; whatever it raises (``SystemExit``
+    and ``KeyboardInterrupt`` included) is logged with its traceback, and observing goes
+    on. A term that starts and ends between two reads (``every`` apart) is not seen.
+    ``observer.stop()`` (or ``with``) ends it, and a ``wait_for_leader`` under way then
+    returns after one more read.
     """
     return LeaderObserver(client, name, on_new_leader=on_new_leader, every=every).start()

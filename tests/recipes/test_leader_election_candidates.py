@@ -101,7 +101,7 @@ class TestAClosedClient:
         election = LeaderElection(q, f"election-{secrets.token_hex(4)}", ttl="1s").start()
         assert election.wait_elected(5)
         q.close()
-        thread = election._thread
+        thread = election._loops.thread
         assert thread is not None
         thread.join(10)  # the term ends within its lease, then the campaign sees the close
         assert not thread.is_alive(), "the campaign goes on against a closed client"
@@ -116,7 +116,7 @@ class TestAClosedClient:
         q = qs.Queen(_url(tmp_path))
         observer = LeaderObserver(q, f"election-{secrets.token_hex(4)}", every=0.01).start()
         q.close()
-        thread = observer._thread
+        thread = observer._loops.thread
         assert thread is not None
         thread.join(5)
         assert not thread.is_alive(), "the observer polls a closed client forever"
