@@ -73,24 +73,19 @@ _SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_G
                 | inspect.CO_ITERABLE_COROUTINE)
 
 
-# How far up from ``__enter__``/``__exit__`` a block's generator is looked for: past the
-# frames of what entered it for the generator (an ExitStack's two, a wrapper's one).
-_WRAPPER_FRAMES = 8
-
-
 def _suspendable(frame: Optional[FrameType]) -> Optional[FrameType]:
-    """The first frame that can be suspended and resumed later (a generator's, a
-    coroutine's) among ``frame`` and its nearest callers.
+    """The nearest frame that can be suspended and resumed later (a generator's, a
+    coroutine's) among ``frame`` and all its callers.
 
     Only such a frame can exit a block after the thread that entered it has ended; any
     other frame of an ended thread has returned. A block entered through a wrapper (an
     ``ExitStack``, a class whose ``__enter__`` calls the lock's) is the generator's too.
+    The whole stack is walked: a bound would let a wrapper deeper on one side than on
+    the other find the generator at the entry and not at the exit, or the reverse.
     """
-    for _ in range(_WRAPPER_FRAMES):
-        if frame is None or frame.f_code.co_flags & _SUSPENDABLE:
-            return frame
+    while frame is not None and not frame.f_code.co_flags & _SUSPENDABLE:
         frame = frame.f_back
-    return None
+    return frame
 
 
 def _reset_current(token: contextvars.Token[Optional[Lock]]) -> None:

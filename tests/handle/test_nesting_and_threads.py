@@ -381,6 +381,100 @@ class TestBlocksOutlivingTheirThread:
         assert not lock.in_block and not held_on_engine(mq, "wrapped"), (
             "the new owner's exit must release")
 
+    @staticmethod
+    def _layered(lock: qs.Lock, layers: int, longer: str) -> Any:
+        """``lock`` behind ``layers`` wrappers whose ``longer`` side ("enter" or "exit")
+        goes through a helper: one more frame a layer on that side than on the other."""
+
+        class Layer:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def __enter__(self) -> Layer:
+                if longer == "enter":
+                    self.open()
+                else:
+                    self.inner.__enter__()
+                return self
+
+            def open(self) -> None:
+                self.inner.__enter__()
+
+            def __exit__(self, *exc_info: Any) -> None:
+                if longer == "exit":
+                    self.close(*exc_info)
+                else:
+                    self.inner.__exit__(*exc_info)
+
+            def close(self, *exc_info: Any) -> None:
+                self.inner.__exit__(*exc_info)
+
+        wrapped: Any = lock
+        for _ in range(layers):
+            wrapped = Layer(wrapped)
+        return wrapped
+
+    @pytest.mark.parametrize("layers", [1, 3, 5, 12])
+    def test_a_stale_block_behind_wrappers_longer_on_exit_leaves_the_new_owner_alone(
+        self, mq: qs.Queen, layers: int
+    ) -> None:
+        lock = mq.lock("deep", ttl=30)
+        wrapped = self._layered(lock, layers, longer="exit")
+
+        def suspended_inside() -> Any:
+            with wrapped:
+                yield
+
+        stale = suspended_inside()
+        starter = threading.Thread(target=next, args=(stale,))
+        starter.start()
+        starter.join(5)
+        inside, leave = threading.Event(), threading.Event()
+
+        def new_owner() -> None:
+            with lock:
+                inside.set()
+                leave.wait(5)
+
+        owner = threading.Thread(target=new_owner)
+        owner.start()
+        assert inside.wait(5), "setup: the new owner did not get in"
+        stale.close()
+        try:
+            assert lock.in_block and lock.held, f"the stale exit counted out: {lock!r}"
+            assert not mq.lock("deep", ttl=30).acquire(), "a rival took it under the new owner"
+        finally:
+            leave.set()
+            owner.join(5)
+        assert not lock.in_block and not held_on_engine(mq, "deep")
+
+    @pytest.mark.parametrize("layers", [1, 3, 5, 12])
+    def test_a_live_block_behind_wrappers_longer_on_entry_in_a_stale_generator_ends(
+        self, mq: qs.Queen, layers: int
+    ) -> None:
+        lock = mq.lock("deep", ttl=30)
+        wrapped = self._layered(lock, layers, longer="enter")
+
+        def suspended_inside() -> Any:
+            with lock:  # left open by the thread that ends
+                yield
+                with wrapped:  # after the takeover: a live block of its own
+                    pass
+                yield
+
+        stale = suspended_inside()
+        starter = threading.Thread(target=next, args=(stale,))
+        starter.start()
+        starter.join(5)
+        with lock:  # takes the handle over, then leaves
+            pass
+        next(stale)
+        assert not lock.in_block and not held_on_engine(mq, "deep"), (
+            f"the live block's exit was taken for the stale one's: {lock!r}")
+        assert qs.current_lock() is None
+        stale.close()
+        assert not lock.in_block and not held_on_engine(mq, "deep")
+
     def test_blocks_closed_out_of_order_leave_the_right_one_stale(self, mq: qs.Queen) -> None:
         lock = mq.lock("order", ttl=30)
 
