@@ -450,13 +450,14 @@ class RunQueue:
             # Expecting the version read: a claim, checkpoint or release that landed since
             # the page was read must not be overwritten with the older record.
             txn = self._q.transaction().guard(lock)
+            mark = claim._record()
             txn.kv.put(RUNS_NS, self._key("pending", run_id),
-                       {**value, "attempts": attempt, "claim": claim._record()},
+                       {**value, "attempts": attempt, "claim": mark},
                        forever=True, expect=version, required=True)
             try:
                 answer = txn.commit()
             except qs.EngineError as exc:
-                if exc.applied is False or not self._counted(run_id, claim):
+                if exc.applied is False or not self._counted(run_id, mark, attempt):
                     raise
                 return claim  # it landed, only its answer was lost: this attempt is ours
             if answer:
@@ -466,8 +467,10 @@ class RunQueue:
             value, version = answer["value"], int(answer["version"])
         return None
 
-    def _counted(self, run_id: str, claim: Claim) -> bool:
-        """Whether the run's record carries ``claim`` (its commit landed), read again.
+    def _counted(self, run_id: str, mark: dict[str, Any], attempt: int) -> bool:
+        """Whether the run's record carries the claim ``mark`` written for ``attempt`` (its
+        commit landed), read again. The mark's fence is the token it was written with: the
+        claim's own rises at each renewal.
 
         An answer lost means the attempt may have been counted: taken for failed, it would
         be spent on a run that never ran (dead-lettered unrun with ``max_attempts=1``).
@@ -479,9 +482,9 @@ class RunQueue:
         value = record.get("value") if record else None
         if not isinstance(value, dict):
             return False
-        mark = value.get("claim")
-        return (isinstance(mark, dict) and mark.get("fence") == claim.fence
-                and value.get("attempts") == claim.attempt)
+        found = value.get("claim")
+        return (isinstance(found, dict) and found.get("fence") == mark["fence"]
+                and found.get("holder") == mark["holder"] and value.get("attempts") == attempt)
 
     def _dead_letter(self, lock: qs.Lock, run_id: str, value: dict[str, Any],
                      version: int) -> None:
